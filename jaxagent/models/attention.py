@@ -1,0 +1,126 @@
+"""Attention: the "which keys may each query see" structure and two implementations.
+
+Shapes: B batch, L query length, S key length, N query heads, K key/value heads (GQA: N % K == 0),
+G = N // K, H head dim.
+
+The structure is the AND of three optional parts:
+
+* ``causal`` (static bool): query i sees key j only if j <= i (token order, not position ids);
+* ``segment_ids_BL`` (int32): query and key must share a segment id, and id 0 marks padding keys,
+  which no query sees. Packed sequences get ids 1, 2, ...; a padded batch gets 1 on real tokens;
+* ``mask_BLS`` (bool): an arbitrary extra structure, e.g. counterfactual suffixes packed after a
+  trajectory that see only the shared prefix before the replaced observation.
+
+A query that sees no key (padding) yields an average over all keys instead of NaN: its output is
+finite and meaningless, and callers mask it out of losses.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+AttnImpl = Literal["xla", "cudnn", "auto"]
+_NEG = -1e30  # finite, so fully-masked rows stay finite
+
+
+def attention_structure(
+    q_len: int,
+    kv_len: int | None = None,
+    *,
+    batch: int | None = None,
+    segment_ids_BL: jax.Array | None = None,
+    kv_segment_ids_BS: jax.Array | None = None,
+    mask_BLS: jax.Array | None = None,
+    causal: bool = True,
+) -> jax.Array | None:
+    """Boolean ``allowed_BLS`` (True = query may attend to key), or None for "see everything".
+
+    ``kv_segment_ids_BS`` defaults to ``segment_ids_BL`` (self-attention). With ``causal`` and
+    S > L, the queries are taken to be the last L positions of the S keys (a cache extension).
+    """
+    kv_len = q_len if kv_len is None else kv_len
+    allowed = None
+    if causal:
+        q_idx = jnp.arange(q_len)[:, None] + (kv_len - q_len)
+        k_idx = jnp.arange(kv_len)[None, :]
+        allowed = (k_idx <= q_idx)[None]
+    if segment_ids_BL is not None:
+        kv_seg = segment_ids_BL if kv_segment_ids_BS is None else kv_segment_ids_BS
+        seg = (segment_ids_BL[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] > 0)
+        allowed = seg if allowed is None else allowed & seg
+    if mask_BLS is not None:
+        m = mask_BLS.astype(bool)
+        allowed = m if allowed is None else allowed & m
+    if allowed is not None and batch is not None and allowed.shape[0] != batch:
+        allowed = jnp.broadcast_to(allowed, (batch,) + allowed.shape[1:])
+    return allowed
+
+
+def attention_xla(
+    q_BLNH: jax.Array,
+    k_BSKH: jax.Array,
+    v_BSKH: jax.Array,
+    allowed_BLS: jax.Array | None,
+    *,
+    scale: float,
+) -> jax.Array:
+    """Reference attention in plain XLA ops. Scores and softmax in float32; output [B, L, N, H]
+    in the dtype of ``q``. Works on every backend; memory O(B N L S)."""
+    B, L, N, H = q_BLNH.shape
+    K = k_BSKH.shape[2]
+    G = N // K
+    q = q_BLNH.reshape(B, L, K, G, H)
+    scores = jnp.einsum("blkgh,bskh->bkgls", q, k_BSKH, preferred_element_type=jnp.float32) * scale
+    if allowed_BLS is not None:
+        scores = jnp.where(allowed_BLS[:, None, None, :, :], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKH.dtype)
+    out = jnp.einsum("bkgls,bskh->blkgh", probs, v_BSKH)
+    return out.reshape(B, L, N, H)
+
+
+def resolve_impl(impl: AttnImpl, dtype) -> Literal["xla", "cudnn"]:
+    """``auto`` picks cudnn on a GPU for 16-bit compute, else XLA."""
+    if impl not in ("xla", "cudnn", "auto"):
+        raise ValueError(f"attn_impl={impl!r}: expected 'xla', 'cudnn' or 'auto'")
+    if impl != "auto":
+        return impl
+    is_16bit = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    return "cudnn" if jax.default_backend() == "gpu" and is_16bit else "xla"
+
+
+def attention(
+    q_BLNH: jax.Array,
+    k_BSKH: jax.Array,
+    v_BSKH: jax.Array,
+    *,
+    scale: float,
+    causal: bool = True,
+    segment_ids_BL: jax.Array | None = None,
+    mask_BLS: jax.Array | None = None,
+    impl: AttnImpl = "xla",
+) -> jax.Array:
+    """Multi-head GQA attention over the structure described in the module docstring.
+
+    ``impl="cudnn"`` calls `jax.nn.dot_product_attention` with the fused cuDNN kernel (GPU,
+    fp16/bf16 only): a pure causal structure uses its built-in causal mask, anything else passes
+    the boolean structure as ``mask``. Returns [B, L, N, H] in the dtype of ``q``.
+    """
+    B, L = q_BLNH.shape[:2]
+    S = k_BSKH.shape[1]
+    impl = resolve_impl(impl, q_BLNH.dtype)
+    if impl == "cudnn":
+        if segment_ids_BL is None and mask_BLS is None and L == S:
+            return jax.nn.dot_product_attention(
+                q_BLNH, k_BSKH, v_BSKH, is_causal=causal, scale=scale, implementation="cudnn"
+            )
+        allowed = attention_structure(
+            L, S, batch=B, segment_ids_BL=segment_ids_BL, mask_BLS=mask_BLS, causal=causal
+        )
+        return jax.nn.dot_product_attention(
+            q_BLNH, k_BSKH, v_BSKH, mask=allowed[:, None], scale=scale, implementation="cudnn"
+        )
+    allowed = attention_structure(L, S, segment_ids_BL=segment_ids_BL, mask_BLS=mask_BLS, causal=causal)
+    return attention_xla(q_BLNH, k_BSKH, v_BSKH, allowed, scale=scale)

@@ -1,0 +1,365 @@
+"""Pure-functional Qwen2/2.5/3 decoder: parameters, forward pass and teacher-forced log-probs.
+
+Parameters are a plain dict pytree with the decoder layers stacked on a leading axis (run by
+`jax.lax.scan`); matrices are stored input-major (``x @ W``) with heads split out:
+
+    embed        [V, D]            lm_head      [D, V]   (absent when embeddings are tied)
+    final_norm   [D]
+    layers/attn_norm [Ly, D]       layers/mlp_norm [Ly, D]
+    layers/q     [Ly, D, N, H]     layers/q_bias [Ly, N, H]     (qkv_bias)
+    layers/k     [Ly, D, K, H]     layers/k_bias [Ly, K, H]     (qkv_bias)
+    layers/v     [Ly, D, K, H]     layers/v_bias [Ly, K, H]     (qkv_bias)
+    layers/o     [Ly, N, H, D]     layers/o_bias [Ly, D]        (o_bias)
+    layers/q_norm [Ly, H]          layers/k_norm [Ly, H]        (qk_norm, Qwen3)
+    layers/gate  [Ly, D, F]        layers/up [Ly, D, F]         layers/down [Ly, F, D]
+
+Everything here is pure: no I/O, no global state, jit-able with ``config`` static.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxagent.models.attention import AttnImpl, attention
+from jaxagent.models.config import QwenConfig, rope_inv_freq
+from jaxagent.models.sharding import LogicalRules, constrain
+
+Params = dict[str, Any]
+
+
+# ---------------------------------------------------------------------------- parameters
+def param_logical_axes(config: QwenConfig) -> Params:
+    """Logical axis names for every parameter, a pytree with the structure of `init_params`."""
+    layers = {
+        "attn_norm": ("layers", "norm"),
+        "mlp_norm": ("layers", "norm"),
+        "q": ("layers", "embed", "q_heads", "head_dim"),
+        "k": ("layers", "embed", "kv_heads", "head_dim"),
+        "v": ("layers", "embed", "kv_heads", "head_dim"),
+        "o": ("layers", "q_heads", "head_dim", "embed"),
+        "gate": ("layers", "embed", "mlp"),
+        "up": ("layers", "embed", "mlp"),
+        "down": ("layers", "mlp", "embed"),
+    }
+    if config.qkv_bias:
+        layers.update(
+            q_bias=("layers", "q_heads", "head_dim"),
+            k_bias=("layers", "kv_heads", "head_dim"),
+            v_bias=("layers", "kv_heads", "head_dim"),
+        )
+    if config.o_bias:
+        layers["o_bias"] = ("layers", "norm")
+    if config.qk_norm:
+        layers.update(q_norm=("layers", "head_dim"), k_norm=("layers", "head_dim"))
+    axes: Params = {"embed": ("vocab", "embed"), "final_norm": ("norm",), "layers": layers}
+    if not config.tie_word_embeddings:
+        axes["lm_head"] = ("embed", "vocab")
+    return axes
+
+
+def param_shapes(config: QwenConfig) -> Params:
+    """Shape of every parameter, a pytree with the structure of `init_params`."""
+    D, N, K, H, F, V, Ly = (
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+        config.intermediate_size,
+        config.vocab_size,
+        config.num_hidden_layers,
+    )
+    sizes = {"layers": Ly, "embed": D, "norm": D, "q_heads": N, "kv_heads": K, "head_dim": H, "mlp": F, "vocab": V}
+    return jax.tree.map(
+        lambda axes: tuple(sizes[a] for a in axes),
+        param_logical_axes(config),
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
+
+
+def init_params(key: jax.Array, config: QwenConfig) -> Params:
+    """Random parameters as transformers initialises them: matrices and embeddings
+    ~ N(0, initializer_range), norms 1, biases 0; stored in ``config.dtype.param``."""
+    shapes = param_shapes(config)
+    leaves, treedef = jax.tree.flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+        shapes, is_leaf=lambda x: isinstance(x, tuple))[0]]
+    keys = jax.random.split(key, len(leaves))
+    dtype = config.dtype.param
+    out = []
+    for path, shape, k in zip(paths, leaves, keys):
+        if "norm" in path:
+            out.append(jnp.ones(shape, dtype))
+        elif "bias" in path:
+            out.append(jnp.zeros(shape, dtype))
+        else:
+            out.append((config.initializer_range * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+    return jax.tree.unflatten(treedef, out)
+
+
+# ---------------------------------------------------------------------------- building blocks
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis with float32 statistics, as transformers' Qwen2RMSNorm:
+    ``weight * (x / rms(x)).astype(x.dtype)``. Returns the dtype of ``x``."""
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * y.astype(x.dtype)
+
+
+def rope_tables(positions_BL: jax.Array, config: QwenConfig, dtype) -> tuple[jax.Array, jax.Array]:
+    """cos, sin tables [B, L, H] for integer positions, computed in float32 (times the yarn
+    attention factor) and cast to ``dtype``."""
+    inv_freq, attn_factor = rope_inv_freq(config)
+    freqs = positions_BL.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return (jnp.cos(emb) * attn_factor).astype(dtype), (jnp.sin(emb) * attn_factor).astype(dtype)
+
+
+def apply_rope(x_BLnH: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array) -> jax.Array:
+    """Rotate-half RoPE (the Hugging Face layout) on [B, L, heads, H]."""
+    half = x_BLnH.shape[-1] // 2
+    rotated = jnp.concatenate([-x_BLnH[..., half:], x_BLnH[..., :half]], axis=-1)
+    return x_BLnH * cos_BLH[:, :, None, :] + rotated * sin_BLH[:, :, None, :]
+
+
+def _decoder_layer(
+    x_BLD: jax.Array,
+    lp: Params,
+    cos_BLH: jax.Array,
+    sin_BLH: jax.Array,
+    segment_ids_BL: jax.Array | None,
+    mask_BLS: jax.Array | None,
+    *,
+    config: QwenConfig,
+    causal: bool,
+    attn_impl: AttnImpl,
+    rules: LogicalRules | None,
+) -> jax.Array:
+    dt = x_BLD.dtype
+    eps = config.rms_norm_eps
+    h = rms_norm(x_BLD, lp["attn_norm"], eps)
+    q = jnp.einsum("bld,dnh->blnh", h, lp["q"].astype(dt))
+    k = jnp.einsum("bld,dkh->blkh", h, lp["k"].astype(dt))
+    v = jnp.einsum("bld,dkh->blkh", h, lp["v"].astype(dt))
+    if config.qkv_bias:
+        q = q + lp["q_bias"].astype(dt)
+        k = k + lp["k_bias"].astype(dt)
+        v = v + lp["v_bias"].astype(dt)
+    if config.qk_norm:
+        q = rms_norm(q, lp["q_norm"], eps)
+        k = rms_norm(k, lp["k_norm"], eps)
+    q = constrain(apply_rope(q, cos_BLH, sin_BLH), ("batch", "seq", "act_q_heads", None), rules)
+    k = constrain(apply_rope(k, cos_BLH, sin_BLH), ("batch", "seq", "act_kv_heads", None), rules)
+    v = constrain(v, ("batch", "seq", "act_kv_heads", None), rules)
+    a = attention(
+        q,
+        k,
+        v,
+        scale=config.head_dim**-0.5,
+        causal=causal,
+        segment_ids_BL=segment_ids_BL,
+        mask_BLS=mask_BLS,
+        impl=attn_impl,
+    )
+    out = jnp.einsum("blnh,nhd->bld", a, lp["o"].astype(dt))
+    if config.o_bias:
+        out = out + lp["o_bias"].astype(dt)
+    x_BLD = constrain(x_BLD + out, ("batch", "seq", "act_embed"), rules)
+    h = rms_norm(x_BLD, lp["mlp_norm"], eps)
+    g = jnp.einsum("bld,df->blf", h, lp["gate"].astype(dt))
+    u = jnp.einsum("bld,df->blf", h, lp["up"].astype(dt))
+    hidden = constrain(jax.nn.silu(g) * u, ("batch", "seq", "act_mlp"), rules)
+    x_BLD = x_BLD + jnp.einsum("blf,fd->bld", hidden, lp["down"].astype(dt))
+    return constrain(x_BLD, ("batch", "seq", "act_embed"), rules)
+
+
+def _check_inputs(tokens_BL, config: QwenConfig, positions_BL, segment_ids_BL, mask_BLS):
+    if tokens_BL.ndim != 2:
+        raise ValueError(f"tokens: shape {tuple(tokens_BL.shape)}, expected [batch, length]")
+    if not jnp.issubdtype(tokens_BL.dtype, jnp.integer):
+        raise ValueError(f"tokens: dtype {tokens_BL.dtype}, expected an integer dtype")
+    B, L = tokens_BL.shape
+    if L > config.max_position_embeddings:
+        raise ValueError(
+            f"tokens: length {L} exceeds the model's max_position_embeddings="
+            f"{config.max_position_embeddings}"
+        )
+    for name, arr, shape in (
+        ("positions", positions_BL, (B, L)),
+        ("segment_ids", segment_ids_BL, (B, L)),
+        ("mask", mask_BLS, (B, L, L)),
+    ):
+        if arr is not None and tuple(arr.shape) != shape and not (
+            name == "mask" and arr.ndim == 3 and arr.shape[0] == 1 and tuple(arr.shape[1:]) == (L, L)
+        ):
+            raise ValueError(f"{name}: shape {tuple(arr.shape)}, expected {shape} to match tokens {(B, L)}")
+
+
+def hidden_states(
+    params: Params,
+    tokens_BL: jax.Array,
+    *,
+    config: QwenConfig,
+    positions_BL: jax.Array | None = None,
+    segment_ids_BL: jax.Array | None = None,
+    mask_BLS: jax.Array | None = None,
+    causal: bool = True,
+    attn_impl: AttnImpl = "xla",
+    rules: LogicalRules | None = None,
+) -> jax.Array:
+    """Final-norm hidden states [B, L, D] in the compute dtype.
+
+    ``positions_BL`` default to 0..L-1 per row; see `jaxagent.models.attention` for the
+    attention structure (``causal``, ``segment_ids_BL`` with 0 = padding, ``mask_BLS``).
+    """
+    _check_inputs(tokens_BL, config, positions_BL, segment_ids_BL, mask_BLS)
+    B, L = tokens_BL.shape
+    dt = config.dtype.compute
+    if positions_BL is None:
+        positions_BL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+    x = jnp.take(params["embed"], tokens_BL, axis=0).astype(dt)
+    x = constrain(x, ("batch", "seq", "act_embed"), rules)
+    cos, sin = rope_tables(positions_BL, config, dt)
+
+    layer = functools.partial(
+        _decoder_layer, config=config, causal=causal, attn_impl=attn_impl, rules=rules
+    )
+    if config.remat == "full":
+        layer = jax.checkpoint(layer)
+    elif config.remat == "dots":
+        layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+
+    def body(carry, lp):
+        return layer(carry, lp, cos, sin, segment_ids_BL, mask_BLS), None
+
+    x, _ = jax.lax.scan(body, x, params["layers"])
+    return rms_norm(x, params["final_norm"], config.rms_norm_eps)
+
+
+def unembed_matrix(params: Params, config: QwenConfig) -> jax.Array:
+    """The output projection [D, V] (the transposed embedding when tied)."""
+    return params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+
+
+def forward(
+    params: Params,
+    tokens_BL: jax.Array,
+    *,
+    config: QwenConfig,
+    positions_BL: jax.Array | None = None,
+    segment_ids_BL: jax.Array | None = None,
+    mask_BLS: jax.Array | None = None,
+    causal: bool = True,
+    attn_impl: AttnImpl = "xla",
+    rules: LogicalRules | None = None,
+) -> jax.Array:
+    """Logits [B, L, V] in the compute dtype (accumulated in float32).
+
+    Materialises the full logits; for training and scoring use `token_logprobs`, which never holds
+    float32 logits for the whole batch. Arguments as in `hidden_states`.
+    """
+    h = hidden_states(
+        params,
+        tokens_BL,
+        config=config,
+        positions_BL=positions_BL,
+        segment_ids_BL=segment_ids_BL,
+        mask_BLS=mask_BLS,
+        causal=causal,
+        attn_impl=attn_impl,
+        rules=rules,
+    )
+    w = unembed_matrix(params, config).astype(h.dtype)
+    logits = jnp.einsum("bld,dv->blv", h, w, preferred_element_type=jnp.float32).astype(h.dtype)
+    return constrain(logits, ("batch", "seq", "act_vocab"), rules)
+
+
+def logprobs_from_hidden(
+    hidden_BLD: jax.Array,
+    unembed_DV: jax.Array,
+    targets_BL: jax.Array,
+    *,
+    chunk_size: int = 512,
+    return_entropy: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """log softmax(hidden @ unembed)[target] per position, [B, L] float32, computed over
+    sequence chunks of ``chunk_size`` so that float32 logits exist for at most
+    [B, chunk_size, V] at a time (also under `jax.grad`: each chunk is rematerialised).
+
+    With ``return_entropy`` also returns the entropy of each position's distribution [B, L].
+    """
+    B, L, D = hidden_BLD.shape
+    C = max(1, min(chunk_size, L))
+    n = -(-L // C)
+    pad = n * C - L
+    h = jnp.pad(hidden_BLD, ((0, 0), (0, pad), (0, 0))).reshape(B, n, C, D).swapaxes(0, 1)
+    t = jnp.pad(targets_BL, ((0, 0), (0, pad))).reshape(B, n, C).swapaxes(0, 1)
+    w = unembed_DV.astype(hidden_BLD.dtype)
+
+    @jax.checkpoint
+    def chunk(args):
+        h_BCD, t_BC = args
+        logits = jnp.einsum("bcd,dv->bcv", h_BCD, w, preferred_element_type=jnp.float32)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, t_BC[..., None], axis=-1)[..., 0]
+        logp = picked - lse
+        if not return_entropy:
+            return logp, jnp.zeros_like(logp)
+        probs = jnp.exp(logits - lse[..., None])
+        entropy = lse - jnp.sum(probs * logits, axis=-1)
+        return logp, entropy
+
+    logp, ent = jax.lax.map(chunk, (h, t))
+    logp = logp.swapaxes(0, 1).reshape(B, n * C)[:, :L]
+    if not return_entropy:
+        return logp
+    return logp, ent.swapaxes(0, 1).reshape(B, n * C)[:, :L]
+
+
+def next_token_targets(tokens_BL: jax.Array) -> jax.Array:
+    """targets[:, t] = tokens[:, t + 1]; the last column is 0 (it has no next token)."""
+    return jnp.concatenate([tokens_BL[:, 1:], jnp.zeros_like(tokens_BL[:, :1])], axis=1)
+
+
+def token_logprobs(
+    params: Params,
+    tokens_BL: jax.Array,
+    *,
+    config: QwenConfig,
+    targets_BL: jax.Array | None = None,
+    positions_BL: jax.Array | None = None,
+    segment_ids_BL: jax.Array | None = None,
+    mask_BLS: jax.Array | None = None,
+    causal: bool = True,
+    attn_impl: AttnImpl = "xla",
+    rules: LogicalRules | None = None,
+    chunk_size: int = 512,
+    return_entropy: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Teacher-forced log-probs [B, L] float32: entry t is log pi(targets[t] | what query t sees).
+
+    ``targets_BL`` defaults to the next token (`next_token_targets`), whose last column is a
+    dummy 0 that callers mask. Packed layouts pass explicit targets. Float32 logits are only ever
+    held for one chunk of ``chunk_size`` positions (see `logprobs_from_hidden`).
+    """
+    h = hidden_states(
+        params,
+        tokens_BL,
+        config=config,
+        positions_BL=positions_BL,
+        segment_ids_BL=segment_ids_BL,
+        mask_BLS=mask_BLS,
+        causal=causal,
+        attn_impl=attn_impl,
+        rules=rules,
+    )
+    if targets_BL is None:
+        targets_BL = next_token_targets(tokens_BL)
+    elif tuple(targets_BL.shape) != tuple(tokens_BL.shape):
+        raise ValueError(f"targets: shape {tuple(targets_BL.shape)}, expected {tuple(tokens_BL.shape)}")
+    return logprobs_from_hidden(
+        h, unembed_matrix(params, config), targets_BL, chunk_size=chunk_size, return_entropy=return_entropy
+    )
