@@ -210,6 +210,10 @@ class QwenConfig:
                 "use_sliding_window=True: expected False; sliding-window attention is not "
                 "supported (no released Qwen2/2.5/3 dense checkpoint enables it)"
             )
+        layer_types = hf.get("layer_types") or []
+        other = sorted({t for t in layer_types if t != "full_attention"})
+        if other:
+            raise ConfigError(f"layer_types contains {other}: expected only 'full_attention' layers")
         act = hf.get("hidden_act", "silu")
         _require(act == "silu", "hidden_act", act, "'silu'")
 
