@@ -220,7 +220,10 @@ def hidden_states(
     dt = config.dtype.compute
     if positions_BL is None:
         positions_BL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
-    x = jnp.take(params["embed"], tokens_BL, axis=0).astype(dt)
+    # Gather the (vocab x fsdp)-sharded table before the lookup, as FSDP does for every weight;
+    # a gather from a sharded table would otherwise be replicated implicitly by the partitioner.
+    table = constrain(params["embed"], (None, None), rules)
+    x = jnp.take(table, tokens_BL, axis=0).astype(dt)
     x = constrain(x, ("batch", "seq", "act_embed"), rules)
     cos, sin = rope_tables(positions_BL, config, dt)
 

@@ -171,6 +171,8 @@ def init_params_sharded(key: jax.Array, config, rules: LogicalRules):
     return jax.jit(init_params, static_argnums=1, out_shardings=param_shardings(config, rules))(key, config)
 
 
-def batch_sharding(rules: LogicalRules, ndim: int = 2) -> NamedSharding:
-    """Sharding of a [B, L, ...] input batch: batch over (data, fsdp), the rest replicated."""
-    return NamedSharding(rules.mesh, rules.spec(("batch",) + (None,) * (ndim - 1)))
+def batch_sharding(rules: LogicalRules, ndim: int = 2, shape: Sequence[int] | None = None) -> NamedSharding:
+    """Sharding of a [B, L, ...] input batch: batch over (data, fsdp), the rest replicated. With
+    ``shape``, mesh axes that do not divide the batch are dropped (replicated) instead of failing."""
+    ndim = len(shape) if shape is not None else ndim
+    return NamedSharding(rules.mesh, rules.spec(("batch",) + (None,) * (ndim - 1), shape))
