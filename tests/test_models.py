@@ -5,6 +5,8 @@ import math
 
 import chex
 import jax
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -71,6 +73,37 @@ def test_presets_build_and_count_params():
 @pytest.mark.parametrize("cfg", [TINY, TINY3, preset("tiny-qwen2", rope_scaling=RopeScaling("yarn", 4.0, 128)),
                                  preset("tiny-qwen3", rope_scaling=RopeScaling("linear", 2.0))])
 def test_hf_dict_round_trip(cfg):
+    assert QwenConfig.from_hf_dict(cfg.to_hf_dict()) == cfg
+
+
+@st.composite
+def _configs(draw):
+    family = draw(st.sampled_from(["qwen2", "qwen3"]))
+    kv = draw(st.integers(1, 4))
+    rope_type = draw(st.sampled_from(["default", "linear", "yarn"]))
+    rope = RopeScaling()
+    if rope_type == "linear":
+        rope = RopeScaling("linear", draw(st.floats(1.0, 16.0)))
+    elif rope_type == "yarn":
+        rope = RopeScaling("yarn", draw(st.floats(1.0, 16.0)), draw(st.integers(16, 4096)),
+                           beta_fast=draw(st.floats(2.0, 64.0)), beta_slow=draw(st.floats(0.5, 2.0)),
+                           attention_factor=draw(st.none() | st.floats(0.5, 2.0)),
+                           truncate=draw(st.booleans()))
+    bias = True if family == "qwen2" else draw(st.booleans())
+    return QwenConfig(
+        family=family, vocab_size=draw(st.integers(1, 200_000)), hidden_size=draw(st.integers(1, 8192)),
+        intermediate_size=draw(st.integers(1, 30000)), num_hidden_layers=draw(st.integers(1, 96)),
+        num_attention_heads=kv * draw(st.integers(1, 8)), num_key_value_heads=kv,
+        head_dim=2 * draw(st.integers(1, 128)), max_position_embeddings=draw(st.integers(1, 1 << 20)),
+        rms_norm_eps=draw(st.floats(1e-8, 1e-3)), rope_theta=draw(st.floats(1.0, 1e7)), rope_scaling=rope,
+        tie_word_embeddings=draw(st.booleans()), qkv_bias=bias, o_bias=bias and family == "qwen3",
+        qk_norm=family == "qwen3", eos_token_id=draw(st.none() | st.integers(0, 10) | st.tuples(st.integers(0, 9))),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(_configs())
+def test_hf_dict_round_trip_property(cfg):
     assert QwenConfig.from_hf_dict(cfg.to_hf_dict()) == cfg
 
 
@@ -318,3 +351,25 @@ def test_bad_shapes_and_dtypes_are_errors():
         forward(p, jnp.zeros((1, 4), jnp.int32), config=TINY, mask_BLS=jnp.ones((1, 4, 3), bool))
     with pytest.raises(ValueError, match="attn_impl='flash'"):
         forward(p, jnp.zeros((1, 4), jnp.int32), config=TINY, attn_impl="flash")
+
+
+def test_logprobs_never_hold_full_float32_logits():
+    """Compiled temp memory of the chunked log-probs (forward and gradient) stays a small fraction
+    of the [B, L, V] float32 logits that an unchunked computation holds."""
+    from jaxagent.models import logprobs_from_hidden
+
+    B, L, D, V = 4, 1024, 64, 16384
+    h = jax.ShapeDtypeStruct((B, L, D), jnp.float32)
+    w = jax.ShapeDtypeStruct((D, V), jnp.float32)
+    t = jax.ShapeDtypeStruct((B, L), jnp.int32)
+    full = B * L * V * 4
+
+    def temp(fn):
+        return jax.jit(fn).lower(h, w, t).compile().memory_analysis().temp_size_in_bytes
+
+    fwd = temp(lambda h, w, t: logprobs_from_hidden(h, w, t, chunk_size=64))
+    grad = temp(jax.grad(lambda h, w, t: logprobs_from_hidden(h, w, t, chunk_size=64, return_entropy=True)[0].sum(),
+                         argnums=(0, 1)))
+    unchunked = temp(lambda h, w, t: logprobs_from_hidden(h, w, t, chunk_size=L))
+    assert unchunked >= full  # the measurement sees the full logits when they exist
+    assert fwd < full / 8 and grad < full / 4, (fwd, grad, full)

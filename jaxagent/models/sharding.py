@@ -55,7 +55,7 @@ class MeshConfig:
     def shape(self, num_devices: int) -> tuple[int, int, int]:
         dims = [self.data, self.fsdp, self.tensor]
         for name, d in zip(MESH_AXES, dims):
-            if not (d == -1 or (isinstance(d, int) and d >= 1)):
+            if isinstance(d, bool) or not (d == -1 or (isinstance(d, int) and d >= 1)):
                 raise ValueError(f"mesh.{name}={d!r}: expected a positive integer or -1")
         if dims.count(-1) > 1:
             raise ValueError(f"mesh={dict(zip(MESH_AXES, dims))}: at most one axis may be -1")
