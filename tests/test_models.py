@@ -206,6 +206,25 @@ def test_attention_xla_matches_naive_loop():
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.parametrize("L", [65, 200, 1100])
+def test_causal_block_skipping_equals_full_attention(L):
+    """The XLA path's causal key skipping (query blocks see only keys up to their end) computes
+    exactly the full masked attention, with segments and an extra mask, on ragged last blocks."""
+    from jaxagent.models import attention
+
+    rng = np.random.default_rng(L)
+    B, N, K, H = 2, 4, 2, 8
+    q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in [(B, L, N, H), (B, L, K, H), (B, L, K, H)])
+    seg = jnp.asarray(np.where(np.arange(L) < L // 3, 1, 2)[None].repeat(B, 0)).at[1, -5:].set(0)
+    extra = jnp.asarray(rng.random((B, L, L)) < 0.9)
+    got = attention(q, k, v, scale=0.35, segment_ids_BL=seg, mask_BLS=extra)
+    allowed = attention_structure(L, segment_ids_BL=seg, mask_BLS=extra, causal=True)
+    want = attention_xla(q, k, v, allowed, scale=0.35)
+    seen = np.asarray(allowed).any(-1)  # queries that see no key have no defined output
+    assert seen.sum() > 0.9 * seen.size
+    np.testing.assert_allclose(np.asarray(got)[seen], np.asarray(want)[seen], atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- forward
 @pytest.mark.parametrize("cfg", [TINY, TINY3], ids=["qwen2", "qwen3"])
 def test_forward_is_causal(cfg):
