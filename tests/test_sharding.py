@@ -491,3 +491,32 @@ def test_sharded_grad_matches_single_device(name, mesh_shape, models, batch):
         np.testing.assert_allclose(np.asarray(g), r, atol=ATOL, rtol=RTOL, err_msg=path)
         nonzero += bool(np.any(r != 0))
     assert nonzero == len(ref_flat)  # every parameter gets gradient signal
+
+
+def test_initialize_distributed_single_process_subprocess():
+    """The multi-host path: jax.distributed.initialize through MeshConfig, with a one-process
+    coordinator on loopback (in a subprocess: initialisation is process-global)."""
+    import socket
+    import subprocess
+    import sys
+    import textwrap
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = textwrap.dedent(f"""
+        import os
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        import jax
+        from jaxagent.models.sharding import MeshConfig, initialize_distributed, make_mesh
+        cfg = MeshConfig(data=2, fsdp=-1, tensor=1, distributed=True,
+                         coordinator_address="127.0.0.1:{port}", num_processes=1, process_id=0)
+        initialize_distributed(cfg)
+        mesh = make_mesh(cfg)
+        print(jax.process_count(), jax.process_index(), dict(mesh.shape))
+        jax.distributed.shutdown()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "1 0 {'data': 2, 'fsdp': 2, 'tensor': 1}"
