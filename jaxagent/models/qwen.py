@@ -125,19 +125,17 @@ def apply_rope(x_BLnH: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array) -> jax
     return x_BLnH * cos_BLH[:, :, None, :] + rotated * sin_BLH[:, :, None, :]
 
 
-def _decoder_layer(
+def attention_inputs(
     x_BLD: jax.Array,
     lp: Params,
     cos_BLH: jax.Array,
     sin_BLH: jax.Array,
-    segment_ids_BL: jax.Array | None,
-    mask_BLS: jax.Array | None,
     *,
     config: QwenConfig,
-    causal: bool,
-    attn_impl: AttnImpl,
-    rules: LogicalRules | None,
-) -> jax.Array:
+    rules: LogicalRules | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One layer's pre-attention half: RMSNorm, q/k/v projections (+bias), q/k norm (Qwen3) and
+    RoPE. Returns q [B, L, N, H], k and v [B, L, K, H] in the dtype of ``x``."""
     dt = x_BLD.dtype
     eps = config.rms_norm_eps
     h = rms_norm(x_BLD, lp["attn_norm"], eps)
@@ -154,6 +152,46 @@ def _decoder_layer(
     q = constrain(apply_rope(q, cos_BLH, sin_BLH), ("batch", "seq", "act_q_heads", None), rules)
     k = constrain(apply_rope(k, cos_BLH, sin_BLH), ("batch", "seq", "act_kv_heads", None), rules)
     v = constrain(v, ("batch", "seq", "act_kv_heads", None), rules)
+    return q, k, v
+
+
+def attention_output_and_mlp(
+    x_BLD: jax.Array,
+    attn_BLNH: jax.Array,
+    lp: Params,
+    *,
+    config: QwenConfig,
+    rules: LogicalRules | None = None,
+) -> jax.Array:
+    """One layer's post-attention half: output projection, residual, RMSNorm, SwiGLU MLP,
+    residual. Returns the new residual stream [B, L, D]."""
+    dt = x_BLD.dtype
+    out = jnp.einsum("blnh,nhd->bld", attn_BLNH, lp["o"].astype(dt))
+    if config.o_bias:
+        out = out + lp["o_bias"].astype(dt)
+    x_BLD = constrain(x_BLD + out, ("batch", "seq", "act_embed"), rules)
+    h = rms_norm(x_BLD, lp["mlp_norm"], config.rms_norm_eps)
+    g = jnp.einsum("bld,df->blf", h, lp["gate"].astype(dt))
+    u = jnp.einsum("bld,df->blf", h, lp["up"].astype(dt))
+    hidden = constrain(jax.nn.silu(g) * u, ("batch", "seq", "act_mlp"), rules)
+    x_BLD = x_BLD + jnp.einsum("blf,fd->bld", hidden, lp["down"].astype(dt))
+    return constrain(x_BLD, ("batch", "seq", "act_embed"), rules)
+
+
+def _decoder_layer(
+    x_BLD: jax.Array,
+    lp: Params,
+    cos_BLH: jax.Array,
+    sin_BLH: jax.Array,
+    segment_ids_BL: jax.Array | None,
+    mask_BLS: jax.Array | None,
+    *,
+    config: QwenConfig,
+    causal: bool,
+    attn_impl: AttnImpl,
+    rules: LogicalRules | None,
+) -> jax.Array:
+    q, k, v = attention_inputs(x_BLD, lp, cos_BLH, sin_BLH, config=config, rules=rules)
     a = attention(
         q,
         k,
@@ -164,16 +202,7 @@ def _decoder_layer(
         mask_BLS=mask_BLS,
         impl=attn_impl,
     )
-    out = jnp.einsum("blnh,nhd->bld", a, lp["o"].astype(dt))
-    if config.o_bias:
-        out = out + lp["o_bias"].astype(dt)
-    x_BLD = constrain(x_BLD + out, ("batch", "seq", "act_embed"), rules)
-    h = rms_norm(x_BLD, lp["mlp_norm"], eps)
-    g = jnp.einsum("bld,df->blf", h, lp["gate"].astype(dt))
-    u = jnp.einsum("bld,df->blf", h, lp["up"].astype(dt))
-    hidden = constrain(jax.nn.silu(g) * u, ("batch", "seq", "act_mlp"), rules)
-    x_BLD = x_BLD + jnp.einsum("blf,fd->bld", hidden, lp["down"].astype(dt))
-    return constrain(x_BLD, ("batch", "seq", "act_embed"), rules)
+    return attention_output_and_mlp(x_BLD, a, lp, config=config, rules=rules)
 
 
 def _check_inputs(tokens_BL, config: QwenConfig, positions_BL, segment_ids_BL, mask_BLS):
@@ -198,6 +227,15 @@ def _check_inputs(tokens_BL, config: QwenConfig, positions_BL, segment_ids_BL, m
             raise ValueError(f"{name}: shape {tuple(arr.shape)}, expected {shape} to match tokens {(B, L)}")
 
 
+def embed_tokens(params: Params, tokens_BL: jax.Array, *, config: QwenConfig, rules: LogicalRules | None = None):
+    """Token embeddings [B, L, D] in the compute dtype."""
+    # Gather the (vocab x fsdp)-sharded table before the lookup, as FSDP does for every weight;
+    # a gather from a sharded table would otherwise be replicated implicitly by the partitioner.
+    table = constrain(params["embed"], (None, None), rules)
+    x = jnp.take(table, tokens_BL, axis=0).astype(config.dtype.compute)
+    return constrain(x, ("batch", "seq", "act_embed"), rules)
+
+
 def hidden_states(
     params: Params,
     tokens_BL: jax.Array,
@@ -220,11 +258,7 @@ def hidden_states(
     dt = config.dtype.compute
     if positions_BL is None:
         positions_BL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
-    # Gather the (vocab x fsdp)-sharded table before the lookup, as FSDP does for every weight;
-    # a gather from a sharded table would otherwise be replicated implicitly by the partitioner.
-    table = constrain(params["embed"], (None, None), rules)
-    x = jnp.take(table, tokens_BL, axis=0).astype(dt)
-    x = constrain(x, ("batch", "seq", "act_embed"), rules)
+    x = embed_tokens(params, tokens_BL, config=config, rules=rules)
     cos, sin = rope_tables(positions_BL, config, dt)
 
     layer = functools.partial(
