@@ -1,0 +1,383 @@
+"""Generation over a preallocated KV cache: prefill / extend, sampling, and a fused decode loop.
+
+The cache holds, per layer, the keys and values of every position written so far:
+
+    KVCache.k, KVCache.v   [Ly, B, S, K, H]  compute dtype (S = cache capacity)
+    KVCache.lengths        [B] int32         valid positions per row (row b uses [0, lengths[b]))
+
+Position ids are cache indices: a conversation starts at position 0 in slot 0 and each row
+grows independently, so rows of different lengths share one batch without padding gaps.
+
+All functions here are pure. The jitted entry points (`jit_extend`, `jit_generate`) donate the
+cache, and every write is a scatter into the scanned-over cache carry, so the cache is updated
+in place: no step copies it. Writes that would land outside the cache are dropped, never
+clamped onto valid entries; host-side checks (`check_fits`, `SamplingParams.validate`) turn
+bad input into clear errors before anything is traced.
+
+Shapes: B batch, T new tokens per row in one extend, S cache capacity, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.models.attention import attention_xla
+from jaxagent.models.config import QwenConfig
+from jaxagent.models.qwen import (
+    Params,
+    attention_inputs,
+    attention_output_and_mlp,
+    embed_tokens,
+    rms_norm,
+    rope_tables,
+    unembed_matrix,
+)
+from jaxagent.models.sharding import LogicalRules, constrain
+
+CACHE_AXES = ("layers", "batch", None, "act_kv_heads", None)
+
+
+class KVCache(NamedTuple):
+    k: jax.Array  # [Ly, B, S, K, H]
+    v: jax.Array  # [Ly, B, S, K, H]
+    lengths: jax.Array  # [B] int32
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+
+def init_cache(config: QwenConfig, batch: int, capacity: int) -> KVCache:
+    """An empty cache for ``batch`` rows of up to ``capacity`` positions (compute dtype)."""
+    if capacity < 1 or capacity > config.max_position_embeddings:
+        raise ValueError(
+            f"cache capacity={capacity}: expected 1..max_position_embeddings={config.max_position_embeddings}"
+        )
+    shape = (config.num_hidden_layers, batch, capacity, config.num_key_value_heads, config.head_dim)
+    dt = config.dtype.compute
+    return KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt), jnp.zeros((batch,), jnp.int32))
+
+
+def cache_shardings(rules: LogicalRules, config: QwenConfig, batch: int, capacity: int) -> KVCache:
+    """NamedShardings for a cache (layers replicated, batch over data x fsdp, KV heads over tensor)."""
+    shape = (config.num_hidden_layers, batch, capacity, config.num_key_value_heads, config.head_dim)
+    kv = rules.sharding(CACHE_AXES, shape)
+    return KVCache(kv, kv, rules.sharding(("batch",), (batch,)))
+
+
+def check_fits(cache_lengths, n_new, capacity: int) -> None:
+    """Host-side check that ``lengths + n_new`` fits in the cache, naming the first row that
+    does not (a prompt longer than the cache)."""
+    total = np.asarray(cache_lengths) + np.asarray(n_new)
+    over = np.nonzero(total > capacity)[0]
+    if over.size:
+        b = int(over[0])
+        raise ValueError(
+            f"row {b}: {int(np.asarray(cache_lengths)[b])} cached + {int(np.asarray(n_new)[b])} new tokens = "
+            f"{int(total[b])} exceeds the cache capacity {capacity}"
+        )
+
+
+# ---------------------------------------------------------------------------- extend (prefill)
+def extend(
+    params: Params,
+    cache: KVCache,
+    tokens_BT: jax.Array,
+    n_new_B: jax.Array,
+    *,
+    config: QwenConfig,
+    rules: LogicalRules | None = None,
+    scan_unroll: int = 1,
+) -> tuple[jax.Array, KVCache]:
+    """Appends ``tokens_BT[b, :n_new_B[b]]`` to row b of the cache (a prefill when the cache is
+    empty) and returns the logits of each row's last new token [B, V] (float32) and the cache.
+
+    New token t of row b sits at position ``lengths[b] + t`` and attends to every cached position
+    of its row up to itself. Rows with ``n_new == 0`` are left unchanged (their logits are
+    meaningless). Padding columns (t >= n_new) are never written.
+    """
+    B, T = tokens_BT.shape
+    S = cache.capacity
+    dt = config.dtype.compute
+    start_B = cache.lengths
+    t_idx = jnp.arange(T, dtype=jnp.int32)
+    pos_BT = start_B[:, None] + t_idx[None, :]
+    valid_BT = t_idx[None, :] < n_new_B[:, None]
+    write_BT = jnp.where(valid_BT, pos_BT, S)  # S is out of bounds: the write is dropped
+    key_idx = jnp.arange(S, dtype=jnp.int32)
+    allowed_BTS = key_idx[None, None, :] <= pos_BT[:, :, None]
+    b_idx = jnp.arange(B)[:, None]
+
+    x = embed_tokens(params, tokens_BT, config=config, rules=rules)
+    cos, sin = rope_tables(pos_BT, config, dt)
+
+    def body(carry, lp_and_layer):
+        x, k_all, v_all = carry
+        lp, layer = lp_and_layer
+        q, k, v = attention_inputs(x, lp, cos, sin, config=config, rules=rules)
+        k_all = k_all.at[layer, b_idx, write_BT].set(k.astype(k_all.dtype), mode="drop")
+        v_all = v_all.at[layer, b_idx, write_BT].set(v.astype(v_all.dtype), mode="drop")
+        a = attention_xla(q, k_all[layer], v_all[layer], allowed_BTS, scale=config.head_dim**-0.5)
+        x = attention_output_and_mlp(x, a, lp, config=config, rules=rules)
+        return (x, k_all, v_all), None
+
+    layers = jnp.arange(config.num_hidden_layers, dtype=jnp.int32)
+    (x, k_all, v_all), _ = jax.lax.scan(
+        body, (x, cache.k, cache.v), (params["layers"], layers), unroll=scan_unroll
+    )
+    last = jnp.clip(n_new_B - 1, 0, T - 1)
+    h_last = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]  # [B, D]
+    h_last = rms_norm(h_last, params["final_norm"], config.rms_norm_eps)
+    w = unembed_matrix(params, config).astype(h_last.dtype)
+    logits = jnp.einsum("bd,dv->bv", h_last, w, preferred_element_type=jnp.float32)
+    logits = constrain(logits, ("batch", "act_vocab"), rules)
+    new_cache = KVCache(
+        constrain(k_all, CACHE_AXES, rules), constrain(v_all, CACHE_AXES, rules), start_B + n_new_B.astype(jnp.int32)
+    )
+    return logits, new_cache
+
+
+# ---------------------------------------------------------------------------- sampling
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Per-call sampling settings (each may also be given per row as a [B] array to `sample`).
+
+    ``temperature`` 0 means greedy. ``top_k`` 0 and ``top_p`` 1 disable those filters.
+    ``stop_tokens``: ids that end a sequence (the stop token is kept in the output).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop_tokens: tuple[int, ...] = ()
+
+    def validate(self, vocab_size: int) -> "SamplingParams":
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature={self.temperature!r}: expected >= 0 (0 = greedy)")
+        if not (isinstance(self.top_k, int) and 0 <= self.top_k <= vocab_size):
+            raise ValueError(f"top_k={self.top_k!r}: expected an integer in [0, vocab_size={vocab_size}] (0 = off)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p!r}: expected 0 < top_p <= 1")
+        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r}: expected a positive integer")
+        check_stop_tokens(self.stop_tokens, vocab_size)
+        return self
+
+
+def check_stop_tokens(stop_tokens, vocab_size: int) -> None:
+    """Every stop token id must be a token of the vocabulary (padding entries are -1)."""
+    arr = np.asarray(stop_tokens, dtype=np.int64).reshape(-1)
+    bad = arr[(arr != -1) & ((arr < 0) | (arr >= vocab_size))]
+    if bad.size:
+        raise ValueError(f"stop token {int(bad[0])}: outside the vocabulary [0, {vocab_size})")
+
+
+def filter_logits(logits_BV: jax.Array, temperature_B, top_k_B, top_p_B) -> jax.Array:
+    """Temperature-scaled logits with top-k then top-p (nucleus) filtering applied as -inf.
+
+    top-p keeps the smallest set of most likely tokens whose probability reaches ``top_p``
+    (ties at the threshold are kept). Greedy rows (temperature 0) are returned unscaled.
+    """
+    V = logits_BV.shape[-1]
+    t = jnp.where(temperature_B > 0, temperature_B, 1.0)[:, None]
+    scaled = logits_BV / t
+    needs_sort = jnp.any((top_k_B > 0) & (top_k_B < V)) | jnp.any(top_p_B < 1.0)
+
+    def filtered(scaled):
+        sorted_desc = -jnp.sort(-scaled, axis=-1)
+        k = jnp.where((top_k_B > 0) & (top_k_B < V), top_k_B, V)
+        kth = jnp.take_along_axis(sorted_desc, (k - 1)[:, None], axis=-1)
+        sorted_k = jnp.where(jnp.arange(V)[None, :] < k[:, None], sorted_desc, -jnp.inf)
+        probs = jax.nn.softmax(sorted_k, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted token
+        keep_sorted = (before < top_p_B[:, None]) & (jnp.arange(V)[None, :] < k[:, None])
+        n_keep = jnp.maximum(jnp.sum(keep_sorted, axis=-1), 1)
+        pth = jnp.take_along_axis(sorted_desc, (n_keep - 1)[:, None], axis=-1)
+        threshold = jnp.maximum(kth, pth)
+        return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+
+    return jax.lax.cond(needs_sort, filtered, lambda s: s, scaled)
+
+
+def sample(
+    logits_BV: jax.Array,
+    keys_B: jax.Array,
+    temperature_B: jax.Array,
+    top_k_B: jax.Array,
+    top_p_B: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Draws one token per row. Returns (token [B] int32, log-prob under the sampling
+    distribution [B], log-prob under the raw policy softmax(logits) [B]), both float32.
+
+    Greedy rows take the argmax; their sampling log-prob is 0 (a point mass).
+    """
+    logits_BV = logits_BV.astype(jnp.float32)
+    filt = filter_logits(logits_BV, temperature_B, top_k_B, top_p_B)
+    drawn = jax.vmap(jax.random.categorical)(keys_B, filt)
+    greedy = jnp.argmax(logits_BV, axis=-1)
+    is_greedy = temperature_B <= 0
+    token = jnp.where(is_greedy, greedy, drawn).astype(jnp.int32)
+    logp_sample = jnp.take_along_axis(jax.nn.log_softmax(filt, axis=-1), token[:, None], axis=-1)[:, 0]
+    logp_sample = jnp.where(is_greedy, 0.0, logp_sample)
+    logp_policy = jnp.take_along_axis(jax.nn.log_softmax(logits_BV, axis=-1), token[:, None], axis=-1)[:, 0]
+    return token, logp_sample, logp_policy
+
+
+# ---------------------------------------------------------------------------- decode loop
+class GenerateOutput(NamedTuple):
+    tokens: jax.Array  # [B, N] int32 generated tokens (pad_id after the end)
+    logp_sample: jax.Array  # [B, N] float32 log-prob under the sampling distribution (0 after the end)
+    logp_policy: jax.Array  # [B, N] float32 log-prob under the raw policy (0 after the end)
+    num_tokens: jax.Array  # [B] int32 tokens generated, the stop token included
+    stopped: jax.Array  # [B] bool: ended on a stop token (else: max new tokens)
+    cache: KVCache  # holds the prompt and every generated token except the last one
+
+
+def _per_row(x, B, dtype):
+    return jnp.broadcast_to(jnp.asarray(x, dtype), (B,))
+
+
+def generate(
+    params: Params,
+    cache: KVCache,
+    logits_BV: jax.Array,
+    keys_B: jax.Array,
+    *,
+    config: QwenConfig,
+    max_new_tokens: int,
+    max_new_B: jax.Array | None = None,
+    temperature_B=1.0,
+    top_k_B=0,
+    top_p_B=1.0,
+    stop_tokens_BS: jax.Array | None = None,
+    pad_id: int = 0,
+    rules: LogicalRules | None = None,
+    scan_unroll: int = 1,
+) -> GenerateOutput:
+    """Samples up to ``max_new_tokens`` tokens per row after a prefill/extend that returned
+    ``logits_BV``, inside one `jax.lax.while_loop` (stops early once every row is done).
+
+    Row b stops after a token in ``stop_tokens_BS[b]`` (-1 = padding) or after ``max_new_B[b]``
+    tokens (default ``max_new_tokens``). Sampling of row b uses ``fold_in(keys_B[b], step)``, so a
+    row's tokens do not depend on the other rows of the batch. Each sampled token except the
+    last is written to the cache (the last is never needed to score what came before it).
+    """
+    B = logits_BV.shape[0]
+    N = max_new_tokens
+    max_new_B = _per_row(N if max_new_B is None else max_new_B, B, jnp.int32)
+    max_new_B = jnp.minimum(max_new_B, N)
+    temperature_B = _per_row(temperature_B, B, jnp.float32)
+    top_k_B = _per_row(top_k_B, B, jnp.int32)
+    top_p_B = _per_row(top_p_B, B, jnp.float32)
+    if stop_tokens_BS is None:
+        stop_tokens_BS = jnp.full((B, 1), -1, jnp.int32)
+
+    tokens = jnp.full((B, N), pad_id, jnp.int32)
+    zeros = jnp.zeros((B, N), jnp.float32)
+
+    def cond(state):
+        step, _, _, _, _, done, _, _ = state
+        return (step < N) & ~jnp.all(done)
+
+    def body(state):
+        step, logits, tokens, lps, lpp, done, count, cache = state
+        keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, step)
+        tok, lp_s, lp_p = sample(logits, keys, temperature_B, top_k_B, top_p_B)
+        active = ~done
+        tokens = tokens.at[:, step].set(jnp.where(active, tok, pad_id))
+        lps = lps.at[:, step].set(jnp.where(active, lp_s, 0.0))
+        lpp = lpp.at[:, step].set(jnp.where(active, lp_p, 0.0))
+        count = count + active.astype(jnp.int32)
+        hit_stop = jnp.any(tok[:, None] == stop_tokens_BS, axis=-1)
+        done = done | (active & (hit_stop | (count >= max_new_B)))
+        # Feed the token to the model only for rows that continue.
+        logits, cache = extend(
+            params, cache, tok[:, None], (~done).astype(jnp.int32), config=config, rules=rules, scan_unroll=scan_unroll
+        )
+        return step + 1, logits, tokens, lps, lpp, done, count, cache
+
+    done0 = max_new_B <= 0
+    state = (jnp.int32(0), logits_BV, tokens, zeros, zeros, done0, jnp.zeros((B,), jnp.int32), cache)
+    _, _, tokens, lps, lpp, done, count, cache = jax.lax.while_loop(cond, body, state)
+    last = jnp.take_along_axis(tokens, jnp.clip(count - 1, 0, N - 1)[:, None], axis=1)[:, 0]
+    stopped = (count > 0) & jnp.any(last[:, None] == stop_tokens_BS, axis=-1)
+    return GenerateOutput(tokens, lps, lpp, count, stopped, cache)
+
+
+# ---------------------------------------------------------------------------- jitted entry points
+@functools.lru_cache(maxsize=64)
+def jit_extend(config: QwenConfig, rules: LogicalRules | None = None, scan_unroll: int = 1):
+    """``extend`` jitted for a config, with the cache donated (updated in place)."""
+    return jax.jit(
+        functools.partial(extend, config=config, rules=rules, scan_unroll=scan_unroll), donate_argnums=(1,)
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def jit_generate(config: QwenConfig, max_new_tokens: int, rules: LogicalRules | None = None, pad_id: int = 0,
+                 scan_unroll: int = 1):
+    """``generate`` jitted for a config and a static max_new_tokens, with the cache donated."""
+    fn = functools.partial(
+        generate, config=config, max_new_tokens=max_new_tokens, rules=rules, pad_id=pad_id, scan_unroll=scan_unroll
+    )
+    return jax.jit(fn, donate_argnums=(1,))
+
+
+def pad_prompts(prompts: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pads token lists into ([B, T] int32, lengths [B] int32) for `extend`."""
+    if not prompts:
+        raise ValueError("prompts: expected at least one prompt")
+    T = max(1, max(len(p) for p in prompts))
+    out = np.full((len(prompts), T), pad_id, np.int32)
+    for i, p in enumerate(prompts):
+        out[i, : len(p)] = p
+    return out, np.asarray([len(p) for p in prompts], np.int32)
+
+
+def generate_from_prompts(
+    params: Params,
+    prompts: list[list[int]],
+    *,
+    config: QwenConfig,
+    sampling: SamplingParams,
+    key: jax.Array,
+    capacity: int | None = None,
+    pad_id: int = 0,
+    rules: LogicalRules | None = None,
+) -> tuple[GenerateOutput, np.ndarray]:
+    """Host convenience: validates input, prefills ``prompts`` into a fresh cache and samples.
+
+    Returns the output and the prompt lengths. Raises ValueError for a stop token outside the
+    vocabulary, a token id outside it, or prompts (+ max_new_tokens) longer than the cache.
+    """
+    sampling.validate(config.vocab_size)
+    tokens, lengths = pad_prompts(prompts, pad_id)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= config.vocab_size):
+        raise ValueError(f"prompt token ids: expected values in [0, {config.vocab_size})")
+    B = len(prompts)
+    capacity = capacity or int(lengths.max()) + sampling.max_new_tokens
+    check_fits(np.zeros(B, np.int32), lengths + sampling.max_new_tokens - 1, capacity)
+    cache = init_cache(config, B, capacity)
+    if rules is not None:
+        cache = jax.device_put(cache, cache_shardings(rules, config, B, capacity))
+    logits, cache = jit_extend(config, rules)(params, cache, jnp.asarray(tokens), jnp.asarray(lengths))
+    stop = np.full((B, max(1, len(sampling.stop_tokens))), -1, np.int32)
+    stop[:, : len(sampling.stop_tokens)] = sampling.stop_tokens
+    out = jit_generate(config, sampling.max_new_tokens, rules, pad_id)(
+        params,
+        cache,
+        logits,
+        jax.random.split(key, B),
+        temperature_B=jnp.full((B,), sampling.temperature, jnp.float32),
+        top_k_B=jnp.full((B,), sampling.top_k, jnp.int32),
+        top_p_B=jnp.full((B,), sampling.top_p, jnp.float32),
+        stop_tokens_BS=jnp.asarray(stop),
+    )
+    return out, lengths
