@@ -9,6 +9,8 @@
 2. A whole small model's log-probs with ``attn_impl="cudnn"`` vs ``"xla"``.
 3. Teacher-forced log-prob throughput, Qwen2.5-1.5B architecture, bf16, 8 x 4096 (bar: >= 170k
    tokens/s; cudnn and xla attention), and the Qwen2.5-7B architecture at the same batch.
+4. KV-cache decode, Qwen2.5-1.5B architecture, bf16, batch 64, 512-token context, 256 new tokens
+   (bar: >= 500 decode steps/s), with the layer scan unrolled 1 and 4.
 
 Every line is a JSON object; the last one summarises. With ``$OUT`` set, the lines are also
 written to ``$OUT/device_check_models.jsonl``.
@@ -99,6 +101,19 @@ def bench(argv: list[str]) -> dict:
     return out
 
 
+def bench_decode(argv: list[str]) -> dict:
+    from scripts.bench_decode import main as decode_main
+
+    t0 = time.perf_counter()
+    try:
+        out = decode_main(argv)
+    except Exception as e:
+        out = {"error": f"{type(e).__name__}: {e}"[:500]}
+    out = dict(out, check="bench_decode", argv=" ".join(argv), wall_s=time.perf_counter() - t0)
+    emit(out)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and XLA only, for a CPU")
@@ -111,6 +126,7 @@ def main() -> int:
     if args.smoke:
         check_attention(impl, B=1, L=64, N=4, K=2, H=16)
         bench(["--shape", "tiny-qwen2", "--batch", "2", "--seq", "64", "--iters", "2", "--warmup", "1", "--no-torch"])
+        bench_decode(["--shape", "tiny-qwen2", "--batch", "2", "--context", "16", "--new-tokens", "4", "--no-torch"])
     else:
         check_attention(impl)
         check_model(impl)
@@ -121,6 +137,13 @@ def main() -> int:
         if not args.skip_7b:
             bench(["--shape", "qwen2.5-7b", "--batch", "8", "--seq", "4096", "--dtype", "bfloat16",
                    "--attn", "cudnn", "--iters", "5", "--warmup", "2"])
+        decode = {}
+        for unroll in ("1", "4"):
+            decode[unroll] = bench_decode(["--shape", "qwen2.5-1.5b", "--batch", "64", "--context", "512",
+                                           "--new-tokens", "256", "--scan-unroll", unroll])
+        steps = max((d.get("decode_steps_per_s") or 0) for d in decode.values())
+        emit({"check": "bar_decode_1.5b_bf16_b64_ctx512_new256", "decode_steps_per_s": steps, "bar": 500,
+              "met": steps >= 500})
         tok_s = results["cudnn"].get("teacher_forced_tokens_per_s")
         emit({"check": "bar_1.5b_bf16_8x4096", "tokens_per_s": tok_s, "bar": 170_000,
               "met": bool(tok_s and tok_s >= 170_000)})
