@@ -30,7 +30,7 @@ from jaxagent.text import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
-PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TOOLS = [
     {"type": "function", "function": {
         "name": "get_order", "description": "Look up an order by id.",
