@@ -64,9 +64,20 @@ def test_sampled_policy_logprobs_equal_teacher_forcing():
     for b, prompt in enumerate(PROMPTS):
         _, lp = _teacher_forced(p, cfg, prompt, np.asarray(out.tokens[b]))
         np.testing.assert_allclose(np.asarray(out.logp_policy[b]), lp, atol=1e-5)
-        # The filtered, temperature-scaled distribution is sharper than the raw policy on its
-        # support: every sampled token is at least as likely under it.
-        assert (np.asarray(out.logp_sample[b]) >= np.asarray(out.logp_policy[b]) - 1e-6).all()
+        # The sampling log-prob: temperature, then top-k, then top-p, recomputed in numpy from
+        # teacher-forced logits.
+        seq = jnp.asarray([list(prompt) + np.asarray(out.tokens[b]).tolist()])
+        logits = np.asarray(forward(p, seq, config=cfg)[0, len(prompt) - 1 : -1], np.float64) / 1.3
+        for t, tok in enumerate(np.asarray(out.tokens[b])):
+            order = np.argsort(-logits[t])[:10]
+            probs = np.exp(logits[t][order] - logits[t][order].max())
+            probs /= probs.sum()
+            keep = (np.cumsum(probs) - probs) < 0.9
+            kept = order[keep]
+            assert tok in kept
+            pk = np.exp(logits[t][kept] - logits[t][kept].max())
+            want = np.log(pk[list(kept).index(tok)] / pk.sum())
+            assert abs(float(out.logp_sample[b, t]) - want) < 1e-4
 
 
 def test_extending_a_cache_equals_prefilling_from_scratch():
@@ -189,6 +200,58 @@ def test_sample_frequencies_match_the_filtered_distribution():
     np.testing.assert_allclose(np.exp(np.asarray(lp_p))[np.asarray(tok) == 1], 0.3, rtol=1e-5)
 
 
+def test_filtering_is_per_row_and_top_p_one_is_a_no_op():
+    V = 4096
+    logits = jax.random.normal(jax.random.key(0), (1, V)) * 6.0  # peaked: float32 cumsum reaches 1
+    one = jnp.ones((1,))
+    alone = filter_logits(logits, one, jnp.array([0]), jnp.array([1.0]))
+    np.testing.assert_array_equal(alone, logits)
+    both = filter_logits(jnp.concatenate([logits, logits]), jnp.ones((2,)), jnp.array([0, 0]), jnp.array([1.0, 0.5]))
+    np.testing.assert_array_equal(both[0], logits[0])  # the other row's top_p does not touch this one
+    assert int(np.isfinite(np.asarray(both[1])).sum()) < V
+    k = filter_logits(logits, one, jnp.array([V - 1]), jnp.array([1.0]))
+    assert int(np.isfinite(np.asarray(k)).sum()) == V - 1
+
+
+def test_vocab_limit_is_never_sampled():
+    logits = jnp.zeros((2000, 8)).at[:, 6:].set(5.0)  # ids 6, 7 are the most likely
+    keys = jax.random.split(jax.random.key(0), 2000)
+    ones = jnp.ones((2000,))
+    tok, _, lp_p = sample(logits, keys, ones, jnp.zeros((2000,), jnp.int32), ones, vocab_limit=6)
+    assert int(tok.max()) < 6
+    np.testing.assert_allclose(lp_p, jax.nn.log_softmax(logits[0])[0], rtol=1e-6)  # policy: full softmax
+    g, _, _ = sample(logits[:1], keys[:1], jnp.zeros((1,)), jnp.zeros((1,), jnp.int32), ones[:1], vocab_limit=6)
+    assert int(g[0]) < 6
+
+
+def test_full_cache_truncates_instead_of_overwriting():
+    cfg = CFG2
+    p = _params(cfg)
+    t, n = pad_prompts([[1, 2, 3], [4]])
+    logits, cache = jit_extend(cfg)(p, init_cache(cfg, 2, 6), jnp.asarray(t), jnp.asarray(n))
+    out = jit_generate(cfg, 8)(p, cache, logits, jax.random.split(jax.random.key(0), 2), temperature_B=0.0)
+    # Row 0 has 3 free slots: 3 tokens written, the 4th sampled from a full cache ends it.
+    assert out.num_tokens.tolist() == [4, 6] and out.truncated.tolist() == [True, True]
+    assert out.cache.lengths.tolist() == [6, 6]
+    ref, _ = generate_from_prompts(p, [[1, 2, 3], [4]], config=cfg, key=jax.random.key(0),
+                                   sampling=SamplingParams(temperature=0.0, max_new_tokens=8))
+    np.testing.assert_array_equal(out.tokens[0, :4], ref.tokens[0, :4])
+    np.testing.assert_array_equal(out.tokens[1, :6], ref.tokens[1, :6])
+    assert not ref.truncated.any()
+    # extend never counts tokens it could not write.
+    _, cache = extend(p, init_cache(cfg, 1, 4), jnp.asarray([[1, 2, 3, 4, 5, 6]]), jnp.asarray([6]), config=cfg)
+    assert cache.lengths.tolist() == [4]
+
+
+def test_a_rows_sample_does_not_depend_on_the_batch_size():
+    cfg = CFG3
+    p = _params(cfg)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=6)
+    big, _ = generate_from_prompts(p, PROMPTS, config=cfg, sampling=sp, key=jax.random.key(2))
+    small, _ = generate_from_prompts(p, PROMPTS[:1], config=cfg, sampling=sp, key=jax.random.key(2))
+    np.testing.assert_array_equal(big.tokens[0], small.tokens[0])
+
+
 def test_top_k_one_is_greedy():
     cfg = CFG3
     p = _params(cfg)
@@ -239,7 +302,7 @@ def test_bad_input_errors():
     with pytest.raises(ValueError, match=r"stop token 64: outside the vocabulary \[0, 64\)"):
         generate_from_prompts(p, PROMPTS, config=CFG2, sampling=SamplingParams(stop_tokens=(3, 64)),
                               key=jax.random.key(0))
-    with pytest.raises(ValueError, match="row 0: 0 cached \\+ 13 new tokens = 13 exceeds the cache capacity 10"):
+    with pytest.raises(ValueError, match="prompts\\[0\\]: 7 tokens \\+ max_new_tokens=7 need 13 cache slots, more than the capacity 10"):
         generate_from_prompts(p, PROMPTS, config=CFG2, sampling=SamplingParams(max_new_tokens=7),
                               key=jax.random.key(0), capacity=10)
     with pytest.raises(ValueError, match="cache capacity=129"):
@@ -248,8 +311,14 @@ def test_bad_input_errors():
         SamplingParams(top_p=0).validate(64)
     with pytest.raises(ValueError, match="temperature=-1"):
         SamplingParams(temperature=-1).validate(64)
-    with pytest.raises(ValueError, match=r"prompt token ids: expected values in \[0, 64\)"):
-        generate_from_prompts(p, [[1, 99]], config=CFG2, sampling=SamplingParams(), key=jax.random.key(0))
+    with pytest.raises(ValueError, match=r"prompts\[1\]: token id 99 outside the vocabulary \[0, 64\)"):
+        generate_from_prompts(p, [[1], [1, 99]], config=CFG2, sampling=SamplingParams(), key=jax.random.key(0))
+    with pytest.raises(ValueError, match=r"prompts\[0\]: empty; expected at least one token"):
+        generate_from_prompts(p, [[], [1, 2]], config=CFG2, sampling=SamplingParams(), key=jax.random.key(0))
+    # Exactly enough room (prompt + max_new - 1 slots) is accepted, including at the position limit.
+    out, _ = generate_from_prompts(p, [[i % 60 + 1 for i in range(64)]], config=CFG2, key=jax.random.key(0),
+                                   sampling=SamplingParams(temperature=0.0, max_new_tokens=65))
+    assert int(out.num_tokens[0]) == 65 and out.cache.capacity == 128
     with pytest.raises(ValueError, match="row 1: 30 cached"):
         check_fits([3, 30], [2, 5], 32)
 

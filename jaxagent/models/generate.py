@@ -100,12 +100,17 @@ def extend(
 
     New token t of row b sits at position ``lengths[b] + t`` and attends to every cached position
     of its row up to itself. Rows with ``n_new == 0`` are left unchanged (their logits are
-    meaningless). Padding columns (t >= n_new) are never written.
+    meaningless). Padding columns (t >= n_new) are never written. New tokens beyond the cache
+    capacity are dropped and not counted in ``lengths`` (a jitted function cannot raise: call
+    `check_fits` on the host first).
     """
     B, T = tokens_BT.shape
     S = cache.capacity
     dt = config.dtype.compute
     start_B = cache.lengths
+    # Tokens that do not fit are not written and not counted (hosts check with `check_fits`
+    # first; `generate` ends a row as truncated before its cache is full).
+    n_new_B = jnp.clip(n_new_B.astype(jnp.int32), 0, S - start_B)
     t_idx = jnp.arange(T, dtype=jnp.int32)
     pos_BT = start_B[:, None] + t_idx[None, :]
     valid_BT = t_idx[None, :] < n_new_B[:, None]
@@ -183,7 +188,8 @@ def filter_logits(logits_BV: jax.Array, temperature_B, top_k_B, top_p_B) -> jax.
     """Temperature-scaled logits with top-k then top-p (nucleus) filtering applied as -inf.
 
     top-p keeps the smallest set of most likely tokens whose probability reaches ``top_p``
-    (ties at the threshold are kept). Greedy rows (temperature 0) are returned unscaled.
+    (ties at the threshold are kept). Greedy rows (temperature 0) are returned unscaled. Each row
+    is filtered by its own settings only: a row with top_k=0 and top_p=1 is never changed.
     """
     V = logits_BV.shape[-1]
     t = jnp.where(temperature_B > 0, temperature_B, 1.0)[:, None]
@@ -197,7 +203,8 @@ def filter_logits(logits_BV: jax.Array, temperature_B, top_k_B, top_p_B) -> jax.
         sorted_k = jnp.where(jnp.arange(V)[None, :] < k[:, None], sorted_desc, -jnp.inf)
         probs = jax.nn.softmax(sorted_k, axis=-1)
         before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted token
-        keep_sorted = (before < top_p_B[:, None]) & (jnp.arange(V)[None, :] < k[:, None])
+        in_p = (before < top_p_B[:, None]) | (top_p_B[:, None] >= 1.0)  # top_p=1: no filter, exactly
+        keep_sorted = in_p & (jnp.arange(V)[None, :] < k[:, None])
         n_keep = jnp.maximum(jnp.sum(keep_sorted, axis=-1), 1)
         pth = jnp.take_along_axis(sorted_desc, (n_keep - 1)[:, None], axis=-1)
         threshold = jnp.maximum(kth, pth)
@@ -212,16 +219,21 @@ def sample(
     temperature_B: jax.Array,
     top_k_B: jax.Array,
     top_p_B: jax.Array,
+    *,
+    vocab_limit: int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Draws one token per row. Returns (token [B] int32, log-prob under the sampling
+    """Draws one token per row (never an id >= ``vocab_limit`` when given). Returns (token [B] int32, log-prob under the sampling
     distribution [B], log-prob under the raw policy softmax(logits) [B]), both float32.
 
     Greedy rows take the argmax; their sampling log-prob is 0 (a point mass).
     """
     logits_BV = logits_BV.astype(jnp.float32)
-    filt = filter_logits(logits_BV, temperature_B, top_k_B, top_p_B)
+    allowed = logits_BV
+    if vocab_limit is not None and vocab_limit < logits_BV.shape[-1]:
+        allowed = jnp.where(jnp.arange(logits_BV.shape[-1]) < vocab_limit, logits_BV, -jnp.inf)
+    filt = filter_logits(allowed, temperature_B, top_k_B, top_p_B)
     drawn = jax.vmap(jax.random.categorical)(keys_B, filt)
-    greedy = jnp.argmax(logits_BV, axis=-1)
+    greedy = jnp.argmax(allowed, axis=-1)
     is_greedy = temperature_B <= 0
     token = jnp.where(is_greedy, greedy, drawn).astype(jnp.int32)
     logp_sample = jnp.take_along_axis(jax.nn.log_softmax(filt, axis=-1), token[:, None], axis=-1)[:, 0]
@@ -236,7 +248,8 @@ class GenerateOutput(NamedTuple):
     logp_sample: jax.Array  # [B, N] float32 log-prob under the sampling distribution (0 after the end)
     logp_policy: jax.Array  # [B, N] float32 log-prob under the raw policy (0 after the end)
     num_tokens: jax.Array  # [B] int32 tokens generated, the stop token included
-    stopped: jax.Array  # [B] bool: ended on a stop token (else: max new tokens)
+    stopped: jax.Array  # [B] bool: ended on a stop token
+    truncated: jax.Array  # [B] bool: ended because the cache was full (else: a stop or max new tokens)
     cache: KVCache  # holds the prompt and every generated token except the last one
 
 
@@ -258,16 +271,20 @@ def generate(
     top_p_B=1.0,
     stop_tokens_BS: jax.Array | None = None,
     pad_id: int = 0,
+    vocab_limit: int | None = None,
     rules: LogicalRules | None = None,
     scan_unroll: int = 1,
 ) -> GenerateOutput:
     """Samples up to ``max_new_tokens`` tokens per row after a prefill/extend that returned
     ``logits_BV``, inside one `jax.lax.while_loop` (stops early once every row is done).
 
-    Row b stops after a token in ``stop_tokens_BS[b]`` (-1 = padding) or after ``max_new_B[b]``
-    tokens (default ``max_new_tokens``). Sampling of row b uses ``fold_in(keys_B[b], step)``, so a
+    Row b stops after a token in ``stop_tokens_BS[b]`` (-1 = padding), after ``max_new_B[b]``
+    tokens (default ``max_new_tokens``), or, marked ``truncated``, when its next token would not
+    fit in the cache. Every row must have real logits (a non-empty prompt). Sampling of row b uses ``fold_in(keys_B[b], step)``, so a
     row's tokens do not depend on the other rows of the batch. Each sampled token except the
     last is written to the cache (the last is never needed to score what came before it).
+    ``vocab_limit`` (static) forbids sampling ids >= it: real Qwen tokenizers have fewer tokens
+    than the embedding has rows. The policy log-prob stays the full softmax, as teacher forcing.
     """
     B = logits_BV.shape[0]
     N = max_new_tokens
@@ -282,33 +299,40 @@ def generate(
     tokens = jnp.full((B, N), pad_id, jnp.int32)
     zeros = jnp.zeros((B, N), jnp.float32)
 
+    S = cache.capacity
+
     def cond(state):
-        step, _, _, _, _, done, _, _ = state
+        step, _, _, _, _, done, _, _, _ = state
         return (step < N) & ~jnp.all(done)
 
     def body(state):
-        step, logits, tokens, lps, lpp, done, count, cache = state
+        step, logits, tokens, lps, lpp, done, count, cache, truncated = state
         keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, step)
-        tok, lp_s, lp_p = sample(logits, keys, temperature_B, top_k_B, top_p_B)
+        tok, lp_s, lp_p = sample(logits, keys, temperature_B, top_k_B, top_p_B, vocab_limit=vocab_limit)
         active = ~done
         tokens = tokens.at[:, step].set(jnp.where(active, tok, pad_id))
         lps = lps.at[:, step].set(jnp.where(active, lp_s, 0.0))
         lpp = lpp.at[:, step].set(jnp.where(active, lp_p, 0.0))
         count = count + active.astype(jnp.int32)
         hit_stop = jnp.any(tok[:, None] == stop_tokens_BS, axis=-1)
-        done = done | (active & (hit_stop | (count >= max_new_B)))
+        ended = active & (hit_stop | (count >= max_new_B))
+        # A row that would continue but whose cache is full ends as truncated.
+        full = active & ~ended & (cache.lengths >= S)
+        done = done | ended | full
+        truncated = truncated | full
         # Feed the token to the model only for rows that continue.
         logits, cache = extend(
             params, cache, tok[:, None], (~done).astype(jnp.int32), config=config, rules=rules, scan_unroll=scan_unroll
         )
-        return step + 1, logits, tokens, lps, lpp, done, count, cache
+        return step + 1, logits, tokens, lps, lpp, done, count, cache, truncated
 
     done0 = max_new_B <= 0
-    state = (jnp.int32(0), logits_BV, tokens, zeros, zeros, done0, jnp.zeros((B,), jnp.int32), cache)
-    _, _, tokens, lps, lpp, done, count, cache = jax.lax.while_loop(cond, body, state)
+    no = jnp.zeros((B,), bool)
+    state = (jnp.int32(0), logits_BV, tokens, zeros, zeros, done0, jnp.zeros((B,), jnp.int32), cache, no)
+    _, _, tokens, lps, lpp, done, count, cache, truncated = jax.lax.while_loop(cond, body, state)
     last = jnp.take_along_axis(tokens, jnp.clip(count - 1, 0, N - 1)[:, None], axis=1)[:, 0]
     stopped = (count > 0) & jnp.any(last[:, None] == stop_tokens_BS, axis=-1)
-    return GenerateOutput(tokens, lps, lpp, count, stopped, cache)
+    return GenerateOutput(tokens, lps, lpp, count, stopped, truncated, cache)
 
 
 # ---------------------------------------------------------------------------- jitted entry points
@@ -322,12 +346,18 @@ def jit_extend(config: QwenConfig, rules: LogicalRules | None = None, scan_unrol
 
 @functools.lru_cache(maxsize=64)
 def jit_generate(config: QwenConfig, max_new_tokens: int, rules: LogicalRules | None = None, pad_id: int = 0,
-                 scan_unroll: int = 1):
+                 scan_unroll: int = 1, vocab_limit: int | None = None):
     """``generate`` jitted for a config and a static max_new_tokens, with the cache donated."""
     fn = functools.partial(
-        generate, config=config, max_new_tokens=max_new_tokens, rules=rules, pad_id=pad_id, scan_unroll=scan_unroll
+        generate, config=config, max_new_tokens=max_new_tokens, rules=rules, pad_id=pad_id, scan_unroll=scan_unroll,
+        vocab_limit=vocab_limit,
     )
     return jax.jit(fn, donate_argnums=(1,))
+
+
+def row_keys(key: jax.Array, batch: int) -> jax.Array:
+    """Per-row keys ``fold_in(key, row)``: row b's samples do not depend on the batch size."""
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch))
 
 
 def pad_prompts(prompts: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -355,15 +385,29 @@ def generate_from_prompts(
     """Host convenience: validates input, prefills ``prompts`` into a fresh cache and samples.
 
     Returns the output and the prompt lengths. Raises ValueError for a stop token outside the
-    vocabulary, a token id outside it, or prompts (+ max_new_tokens) longer than the cache.
+    vocabulary, an empty prompt, a token id outside the vocabulary, or a prompt that with
+    ``max_new_tokens`` does not fit in the cache (default capacity: just enough). Row b samples
+    with ``fold_in(key, b)``.
     """
     sampling.validate(config.vocab_size)
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompts[{i}]: empty; expected at least one token")
+        bad = [t for t in prompt if not 0 <= int(t) < config.vocab_size]
+        if bad:
+            raise ValueError(f"prompts[{i}]: token id {bad[0]} outside the vocabulary [0, {config.vocab_size})")
     tokens, lengths = pad_prompts(prompts, pad_id)
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= config.vocab_size):
-        raise ValueError(f"prompt token ids: expected values in [0, {config.vocab_size})")
     B = len(prompts)
-    capacity = capacity or int(lengths.max()) + sampling.max_new_tokens
-    check_fits(np.zeros(B, np.int32), lengths + sampling.max_new_tokens - 1, capacity)
+    # The last sampled token is never written: a prompt of P tokens needs P + max_new - 1 slots.
+    needed = lengths + sampling.max_new_tokens - 1
+    capacity = capacity or int(needed.max())
+    over = np.nonzero(needed > capacity)[0]
+    if over.size:
+        i = int(over[0])
+        raise ValueError(
+            f"prompts[{i}]: {int(lengths[i])} tokens + max_new_tokens={sampling.max_new_tokens} need "
+            f"{int(needed[i])} cache slots, more than the capacity {capacity}"
+        )
     cache = init_cache(config, B, capacity)
     if rules is not None:
         cache = jax.device_put(cache, cache_shardings(rules, config, B, capacity))
@@ -374,7 +418,7 @@ def generate_from_prompts(
         params,
         cache,
         logits,
-        jax.random.split(key, B),
+        row_keys(key, B),
         temperature_B=jnp.full((B,), sampling.temperature, jnp.float32),
         top_k_B=jnp.full((B,), sampling.top_k, jnp.int32),
         top_p_B=jnp.full((B,), sampling.top_p, jnp.float32),
