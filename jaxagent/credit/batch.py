@@ -1,0 +1,58 @@
+"""The padded device batch that credit assignment consumes (built on the host by the rollout
+collator; pure code only reads it).
+
+Shapes: B trajectories, L tokens, T action turns (padded), Q U2U segments (padded), G groups.
+
+- ``tokens_BL`` int32: the trajectory's tokens, right-padded (``pad_mask_BL`` 0 on padding).
+- ``loss_mask_BL`` float32: 1 on agent-generated tokens (what is trained), else 0.
+- ``turn_idx_BL`` int32: the action turn t of each agent token, -1 elsewhere.
+- ``action_span_BT2`` int32: [start, end) token span of action t (end == start: no action).
+- ``feedback_span_BT2`` int32: [start, end) span of the *content* of the feedback o_t that follows
+  action t (a user message or tool result, without template tokens); empty when there is none.
+- ``turn_valid_BT`` bool: action t exists.
+- ``segment_idx_BL`` int32: ordinal U2U segment q of each agent token (all agent tokens between
+  one user message and the next), -1 elsewhere.
+- ``segment_polarity_BQ`` float32: polarity (+1/0/-1) of the user reaction that follows segment q.
+- ``segment_valid_BQ`` bool: segment q exists (and was followed by a user reaction).
+- ``reward_B`` float32: the outcome reward; ``group_id_B`` int32: rollouts sharing a prompt.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class CreditBatch:
+    tokens_BL: jax.Array
+    pad_mask_BL: jax.Array
+    loss_mask_BL: jax.Array
+    turn_idx_BL: jax.Array
+    action_span_BT2: jax.Array
+    feedback_span_BT2: jax.Array
+    turn_valid_BT: jax.Array
+    segment_idx_BL: jax.Array
+    segment_polarity_BQ: jax.Array
+    segment_valid_BQ: jax.Array
+    reward_B: jax.Array
+    group_id_B: jax.Array
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.tokens_BL.shape)
+
+    def check(self) -> "CreditBatch":
+        """Asserts consistent shapes and dtypes (host side, before jit)."""
+        B, L = self.tokens_BL.shape
+        T = self.action_span_BT2.shape[1]
+        Q = self.segment_polarity_BQ.shape[1]
+        chex.assert_shape([self.pad_mask_BL, self.loss_mask_BL, self.turn_idx_BL, self.segment_idx_BL], (B, L))
+        chex.assert_shape([self.action_span_BT2, self.feedback_span_BT2], (B, T, 2))
+        chex.assert_shape(self.turn_valid_BT, (B, T))
+        chex.assert_shape([self.segment_polarity_BQ, self.segment_valid_BQ], (B, Q))
+        chex.assert_shape([self.reward_B, self.group_id_B], (B,))
+        chex.assert_type([self.tokens_BL, self.turn_idx_BL, self.segment_idx_BL, self.group_id_B], jnp.int32)
+        return self
