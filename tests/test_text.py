@@ -118,6 +118,7 @@ def test_sentencepiece_tokenizer_and_chat(tmp_path, fixtures_dir):
     shutil.copy(fixtures_dir / "tokenizer_qwen" / "chat_template.jinja", tmp_path / "chat_template.jinja")
     sp = load_tokenizer(tmp_path)
     assert sp.kind == "sentencepiece" and sp.vocab_size == 400 and sp.eos_token_ids == (2,)
+    assert sp.special_tokens == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     assert sp.chat_template.startswith("{#- Qwen2.5-style")
     im_end = sp.token_to_id("<|im_end|>")
     assert sp.encode("<|im_end|>") == [im_end] and sp.token_to_id("<nope>") is None
@@ -204,6 +205,34 @@ def test_render_template_matches_transformers(fixtures_dir, name, tools, gen, th
         theirs = hf.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gen,
                                         enable_thinking=thinking)
         assert ours == theirs
+
+
+_SPECIAL_TOKEN_TEMPLATE = (
+    "{{ bos_token | default('[no bos]') }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}[{{ pad_token }}|{{ unk_token | default('-') }}]")
+
+
+def test_special_tokens_are_template_variables(tok, fixtures_dir):
+    """As apply_chat_template passes {**special_tokens_map, **kwargs}: a template reading {{ eos_token }}
+    renders as transformers renders it, in render_template and in the ChatRenderer."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(fixtures_dir / "tokenizer_qwen"), local_files_only=True)
+    assert tok.special_tokens == {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"} == hf.special_tokens_map
+    msgs = _sample_conversation()[:2]
+    for gen in (False, True):
+        theirs = hf.apply_chat_template(msgs, chat_template=_SPECIAL_TOKEN_TEMPLATE, tokenize=False,
+                                        add_generation_prompt=gen)
+        assert "Be brief.<|im_end|>" in theirs and "[<|endoftext|>|-]" in theirs
+        assert render_template(_SPECIAL_TOKEN_TEMPLATE, msgs, special_tokens=tok.special_tokens,
+                               add_generation_prompt=gen) == theirs
+    # Template variables override special tokens, as in transformers.
+    assert render_template(_SPECIAL_TOKEN_TEMPLATE, msgs, special_tokens=tok.special_tokens, eos_token="</s>") == \
+        hf.apply_chat_template(msgs, chat_template=_SPECIAL_TOKEN_TEMPLATE, tokenize=False, eos_token="</s>")
+    r = ChatRenderer(tok, _SPECIAL_TOKEN_TEMPLATE)
+    r.add(*msgs)
+    assert tok.decode(r.finish().tokens) == hf.apply_chat_template(msgs, chat_template=_SPECIAL_TOKEN_TEMPLATE,
+                                                                   tokenize=False)
 
 
 def test_generation_blocks_render_their_body():

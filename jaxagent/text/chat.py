@@ -588,9 +588,14 @@ class ChatRenderer:
         return out
 
     # ------------------------------------------------------------------ internals: rendering
-    def _render(self, msgs: Sequence[Mapping[str, Any]], gen: bool) -> str:
+    def _render(self, msgs: Sequence[Mapping[str, Any]], gen: bool, *, partial: bool = False) -> str:
+        """The template's text for ``msgs``. ``partial``: an auxiliary render of a prefix of the
+        conversation, used only to locate text; the template's ``raise_exception`` does not abort it
+        (see ``_closing_end``)."""
         try:
-            return render_template(self.template, msgs, tools=self._tools, add_generation_prompt=gen, **self._kwargs)
+            return render_template(self.template, msgs, tools=self._tools, add_generation_prompt=gen,
+                                   special_tokens=self.tokenizer.special_tokens, ignore_raise_exception=partial,
+                                   **self._kwargs)
         except ChatTemplateError as e:
             roles = [m["role"] for m in msgs]
             raise ChatTemplateError(f"rendering messages with roles {roles}"

@@ -103,19 +103,37 @@ def _plain(value: Any) -> Any:
 
 
 def render_template(source: str, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping] | None = None,
-                    add_generation_prompt: bool = False, **kwargs: Any) -> str:
+                    add_generation_prompt: bool = False, special_tokens: Mapping[str, str] | None = None,
+                    ignore_raise_exception: bool = False, **kwargs: Any) -> str:
     """Render ``messages`` (and ``tools``, OpenAI function schemas) with a chat template to text.
 
-    Extra keyword arguments are template variables (e.g. ``enable_thinking=False``). Errors the
-    template raises (``raise_exception``, undefined values) become ChatTemplateError.
+    ``special_tokens`` are the tokenizer's named special tokens (``{"eos_token": "<|im_end|>",
+    "pad_token": ...}``, :attr:`Tokenizer.special_tokens`), template variables as in
+    ``apply_chat_template`` (which passes ``{**tokenizer.special_tokens_map, **kwargs}``). Extra
+    keyword arguments are template variables (e.g. ``enable_thinking=False``) and override a special
+    token of the same name.
+
+    ``ignore_raise_exception=True`` makes the template's ``raise_exception(...)`` render as empty
+    text instead of aborting. It is for auxiliary renders of a *partial* conversation whose only use
+    is to locate text (the renderer's closing boundaries): a validation that the whole conversation
+    passes (Qwen3's "No user query found in messages.") must not reject one of its prefixes.
+
+    Errors the template raises (``raise_exception``, undefined values) become ChatTemplateError.
     """
     import jinja2
 
     template = compile_template(source)
+    variables = {str(k): str(v) for k, v in (special_tokens or {}).items()}
+    variables.update((k, _plain(v)) for k, v in kwargs.items())
+    if ignore_raise_exception:
+        variables["raise_exception"] = _ignore_exception
     try:
         return template.render(messages=_plain(list(messages)), tools=_plain(list(tools)) if tools else None,
-                               documents=None, add_generation_prompt=add_generation_prompt,
-                               **{k: _plain(v) for k, v in kwargs.items()})
+                               documents=None, add_generation_prompt=add_generation_prompt, **variables)
     except jinja2.exceptions.TemplateError as e:
         raise ChatTemplateError(f"chat template failed to render {len(messages)} message(s): "
                                 f"{type(e).__name__}: {e}") from e
+
+
+def _ignore_exception(message: Any = None) -> str:
+    return ""

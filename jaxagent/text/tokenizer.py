@@ -18,7 +18,7 @@ encoded after a newline that is then dropped), so ``encode(a) + encode(b)`` deco
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,11 @@ class Tokenizer:
         without repeats.
       pad_token_id / bos_token_id: ids or ``None`` where the tokenizer has none.
       chat_template: the Jinja chat template source, or ``None``.
+      special_tokens: the named special tokens as text (``{"eos_token": "<|im_end|>", "pad_token":
+        "<|endoftext|>"}``; keys among ``bos_token``, ``eos_token``, ``unk_token``, ``sep_token``,
+        ``pad_token``, ``cls_token``, ``mask_token``): transformers' ``special_tokens_map`` for an HF
+        tokenizer, the BOS/EOS/UNK/PAD pieces of a SentencePiece model. Chat templates see them as
+        variables (``{{ eos_token }}``), as with ``apply_chat_template``.
 
     Build one with :func:`load_tokenizer`, or :meth:`from_hf` / :meth:`from_sentencepiece` for an
     object already in memory.
@@ -49,7 +54,8 @@ class Tokenizer:
 
     def __init__(self, *, kind: str, name_or_path: str, encode_fn, decode_fn, token_to_id_fn, id_to_token_fn,
                  vocab_size: int, eos_token_ids: Sequence[int], pad_token_id: int | None,
-                 bos_token_id: int | None, chat_template: str | None, backend: Any):
+                 bos_token_id: int | None, chat_template: str | None, backend: Any,
+                 special_tokens: Mapping[str, str] | None = None):
         self.kind = kind
         self.name_or_path = name_or_path
         self._encode = encode_fn
@@ -61,6 +67,7 @@ class Tokenizer:
         self.pad_token_id = pad_token_id
         self.bos_token_id = bos_token_id
         self.chat_template = chat_template
+        self.special_tokens = {str(k): str(v) for k, v in (special_tokens or {}).items() if v is not None}
         self.backend = backend
 
     def __repr__(self) -> str:
@@ -138,7 +145,8 @@ class Tokenizer:
                    encode_fn=enc, decode_fn=dec, token_to_id_fn=token_to_id, id_to_token_fn=id_to_token,
                    vocab_size=len(hf_tokenizer), eos_token_ids=[*eos, *extra_eos_ids],
                    pad_token_id=hf_tokenizer.pad_token_id, bos_token_id=hf_tokenizer.bos_token_id,
-                   chat_template=template, backend=hf_tokenizer)
+                   chat_template=template, backend=hf_tokenizer,
+                   special_tokens=dict(getattr(hf_tokenizer, "special_tokens_map", None) or {}))
 
     @classmethod
     def from_sentencepiece(cls, model_file: str | Path, *, chat_template: str | None = None,
@@ -174,11 +182,15 @@ class Tokenizer:
             return None if i < 0 else int(i)
 
         eos = [sp.eos_id()] if sp.eos_id() >= 0 else []
+        special = {name: sp.id_to_piece(i) for name, i in
+                   [("bos_token", sp.bos_id()), ("eos_token", sp.eos_id()), ("unk_token", sp.unk_id()),
+                    ("pad_token", sp.pad_id())] if 0 <= i < size}
         return cls(kind="sentencepiece", name_or_path=str(model_file),
                    encode_fn=lambda text: sp.encode(text, out_type=int), decode_fn=lambda ids: sp.decode(ids),
                    token_to_id_fn=token_to_id, id_to_token_fn=sp.id_to_piece, vocab_size=size,
                    eos_token_ids=[*eos, *extra_eos_ids], pad_token_id=ids_or_none(sp.pad_id()),
-                   bos_token_id=ids_or_none(sp.bos_id()), chat_template=chat_template, backend=sp)
+                   bos_token_id=ids_or_none(sp.bos_id()), chat_template=chat_template, backend=sp,
+                   special_tokens=special)
 
 
 def _without_prefix_space(enc, dec):
