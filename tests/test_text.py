@@ -177,6 +177,31 @@ def test_load_errors(tmp_path):
         load_tokenizer(bad)
 
 
+@pytest.mark.parametrize("kind", ["hf", "sentencepiece"])
+def test_malformed_chat_template_json(tmp_path, fixtures_dir, kind):
+    """chat_template.json next to the tokenizer: a bad file is a TokenizerError naming the file, the
+    problem and the expected form; a good one gives the template."""
+    if kind == "hf":
+        for name in ["tokenizer.json", "tokenizer_config.json"]:
+            shutil.copy(fixtures_dir / "tokenizer_qwen" / name, tmp_path / name)
+    else:
+        _train_sentencepiece(tmp_path)
+    js = tmp_path / "chat_template.json"
+    expected = r'expected a JSON object \{"chat_template": "<Jinja source string>"\}'
+    js.write_text('{"chat_template": "{{ x }}",\n')
+    with pytest.raises(TokenizerError, match=rf"chat_template.json: invalid JSON \(Expecting property name .* at line 2"
+                                             rf" column 1\); {expected}"):
+        load_tokenizer(tmp_path)
+    js.write_text('["{{ x }}"]')
+    with pytest.raises(TokenizerError, match=rf"chat_template.json: got a JSON list; {expected}"):
+        load_tokenizer(tmp_path)
+    js.write_text('{"template": "{{ x }}"}')
+    with pytest.raises(TokenizerError, match=rf"chat_template.json: chat_template is None \(NoneType\); {expected}"):
+        load_tokenizer(tmp_path)
+    js.write_text('{"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}')
+    assert load_tokenizer(tmp_path).chat_template == "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
 # ============================================================================ templates
 def _sample_conversation():
     return [

@@ -229,15 +229,27 @@ def _generation_eos(path: Path) -> list[int]:
 
 
 def _template_file(path: Path) -> str | None:
+    """The chat template of ``chat_template.jinja``, else of ``chat_template.json``
+    (``{"chat_template": "<Jinja source>"}``), else ``None``. A malformed JSON file is an error."""
     jinja = path / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text()
     js = path / "chat_template.json"
-    if js.is_file():
-        value = json.loads(js.read_text()).get("chat_template")
-        if isinstance(value, str):
-            return value
-    return None
+    if not js.is_file():
+        return None
+    expected = 'expected a JSON object {"chat_template": "<Jinja source string>"}'
+    try:
+        data = json.loads(js.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{js}: unreadable ({type(e).__name__}: {e}); {expected}") from e
+    except json.JSONDecodeError as e:
+        raise TokenizerError(f"{js}: invalid JSON ({e.msg} at line {e.lineno} column {e.colno}); {expected}") from e
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{js}: got a JSON {type(data).__name__}; {expected}")
+    value = data.get("chat_template")
+    if not isinstance(value, str):
+        raise TokenizerError(f"{js}: chat_template is {value!r:.60} ({type(value).__name__}); {expected}")
+    return value
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
