@@ -1,0 +1,159 @@
+"""InfoPO information gain: the three modes agree, a two-turn case by hand, the shared-prefix
+pass's factual log-probs, validity masking, and input errors."""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxagent.credit.batch import CreditBatch
+from jaxagent.credit.infogain import (
+    compute_infogain,
+    infogain_shared_prefix,
+    infogain_valid_turns,
+    packed_length,
+)
+from jaxagent.credit.synthetic import synthetic_batch
+from jaxagent.models import init_params, preset, token_logprobs
+
+CFG = preset("tiny-qwen3", vocab_size=64, max_position_embeddings=256)
+PH = [5, 6, 7]
+
+
+def _params(cfg=CFG, seed=0):
+    return jax.tree.map(lambda x: x * 4 if x.ndim > 1 else x, init_params(jax.random.key(seed), cfg))
+
+
+@pytest.mark.parametrize("placeholder_mode", ["replace", "overwrite"])
+def test_three_modes_agree(placeholder_mode):
+    batch = synthetic_batch(np.random.default_rng(1), batch=5, length=72, turns=6, vocab=64)
+    valid = np.asarray(infogain_valid_turns(batch))
+    assert valid.sum() >= 8 and len(set(valid.sum(1))) > 1  # uneven numbers of valid turns
+    fb = np.asarray(batch.feedback_span_BT2)
+    assert ((fb[..., 1] == fb[..., 0]) & np.asarray(batch.turn_valid_BT)).any()  # empty feedback
+    assert (np.asarray(batch.pad_mask_BL) == 0).any()  # padding
+    p = _params()
+    out = {m: compute_infogain(p, batch, PH, config=CFG, mode=m, placeholder_mode=placeholder_mode)
+           for m in ("naive", "vmapped", "shared_prefix")}
+    ref = np.asarray(out["naive"].r_info_BT)
+    assert np.abs(ref[valid]).min() > 0 and (ref[~valid] == 0).all()
+    for m in ("vmapped", "shared_prefix"):
+        np.testing.assert_allclose(np.asarray(out[m].r_info_BT), ref, atol=1e-5)
+        np.testing.assert_array_equal(np.asarray(out[m].valid_BT), valid)
+        np.testing.assert_allclose(np.asarray(out[m].counterfactual_sum_BT),
+                                   np.asarray(out["naive"].counterfactual_sum_BT), atol=1e-4)
+
+
+def test_shared_prefix_returns_the_factual_logprobs():
+    batch = synthetic_batch(np.random.default_rng(2), batch=3, length=48, turns=4, vocab=64)
+    p = _params()
+    out = compute_infogain(p, batch, PH, config=CFG, mode="shared_prefix")
+    ref = token_logprobs(p, batch.tokens_BL, config=CFG, segment_ids_BL=batch.pad_mask_BL)
+    pad = np.asarray(batch.pad_mask_BL).astype(bool)
+    scored = pad & np.concatenate([pad[:, 1:], np.zeros_like(pad[:, :1])], 1)
+    # Log-probs of size ~5 from differently shaped float32 attention: equal to ~2 ulp-scale relative.
+    np.testing.assert_allclose(np.asarray(out.factual_logp_BL)[scored], np.asarray(ref)[scored], rtol=1e-5, atol=1e-6)
+    assert (np.asarray(out.factual_logp_BL)[~scored] == 0).all()
+    # One pass of the packed length; it holds the trajectories plus the suffixes.
+    assert out.tokens_processed == 3 * packed_length(batch, len(PH))
+
+
+def _bigram_model(table_VV: np.ndarray):
+    """A decoder whose layers add nothing (zero output and down projections), so the logits of
+    the next token depend on the previous token only: logits = table[prev]."""
+    V = table_VV.shape[0]
+    cfg = preset("tiny-qwen2", vocab_size=V, hidden_size=V, num_attention_heads=2, num_key_value_heads=1,
+                 head_dim=4, intermediate_size=8, tie_word_embeddings=False, max_position_embeddings=64)
+    p = init_params(jax.random.key(0), cfg)
+    p["layers"]["o"] = jnp.zeros_like(p["layers"]["o"])
+    p["layers"]["down"] = jnp.zeros_like(p["layers"]["down"])
+    p["embed"] = jnp.eye(V, dtype=jnp.float32)  # rms_norm(e_i) = sqrt(V) e_i
+    p["lm_head"] = jnp.asarray(table_VV / math.sqrt(V), jnp.float32)
+    return cfg, p
+
+
+def test_two_turn_case_by_hand():
+    # Vocabulary of 8. Trajectory: prompt [1, 2], a0 = [3], o0 = [4], a1 = [6, 7]; PH = [5].
+    # No template tokens, so a1's first token follows o0 directly.
+    V = 8
+    table = np.zeros((V, V))
+    table[4, 6] = 2.0  # after the observation 4, token 6 is likely
+    table[5, 6] = -1.0  # after the placeholder 5, token 6 is unlikely
+    table[6, 7] = 1.0
+    cfg, p = _bigram_model(table)
+    tokens = np.array([[1, 2, 3, 4, 6, 7, 0, 0]], np.int32)
+    batch = CreditBatch(
+        tokens_BL=jnp.asarray(tokens), pad_mask_BL=jnp.asarray([[1, 1, 1, 1, 1, 1, 0, 0]]),
+        loss_mask_BL=jnp.asarray([[0, 0, 1, 0, 1, 1, 0, 0]], jnp.float32),
+        turn_idx_BL=jnp.asarray([[-1, -1, 0, -1, 1, 1, -1, -1]], jnp.int32),
+        action_span_BT2=jnp.asarray([[[2, 3], [4, 6]]], jnp.int32),
+        feedback_span_BT2=jnp.asarray([[[3, 4], [6, 6]]], jnp.int32),
+        turn_valid_BT=jnp.asarray([[True, True]]),
+        segment_idx_BL=jnp.asarray([[-1, -1, 0, -1, 1, 1, -1, -1]], jnp.int32),
+        segment_polarity_BQ=jnp.zeros((1, 2)), segment_valid_BQ=jnp.zeros((1, 2), bool),
+        reward_B=jnp.zeros((1,)), group_id_B=jnp.zeros((1,), jnp.int32),
+    )
+
+    def logp(prev, nxt):
+        row = table[prev]
+        return row[nxt] - np.log(np.exp(row).sum())
+
+    # r_info(0) = (1/2) * ([log p(6|4) + log p(7|6)] - [log p(6|5) + log p(7|6)])
+    want = 0.5 * (logp(4, 6) - logp(5, 6))
+    assert want == pytest.approx(0.5 * (2.0 - np.log(np.exp(2.0) + 7) + 1.0 + np.log(np.exp(-1.0) + 7)))
+    for mode in ("naive", "vmapped", "shared_prefix"):
+        for pm in ("replace", "overwrite"):  # |PH| == |o_0|: both modes coincide here
+            out = compute_infogain(p, batch, [5], config=cfg, mode=mode, placeholder_mode=pm)
+            np.testing.assert_allclose(np.asarray(out.r_info_BT), [[want, 0.0]], atol=1e-5)
+            assert np.asarray(out.valid_BT).tolist() == [[True, False]]  # the last turn gets none
+
+
+def test_overwrite_pads_with_the_last_placeholder_token_and_truncates():
+    """Overwrite writes PH over o_t at o_t's length: with a 3-token observation and PH = [5],
+    the counterfactual reads [5, 5, 5]; with PH = [5, 6, 7, 1] over a 2-token one, [5, 6]."""
+    from jaxagent.credit.infogain import counterfactual_histories
+
+    tokens = jnp.asarray([[1, 2, 9, 9, 9, 3, 4, 0]], jnp.int32)
+    base = dict(
+        tokens_BL=tokens, pad_mask_BL=jnp.asarray([[1] * 7 + [0]]), loss_mask_BL=jnp.zeros((1, 8)),
+        turn_idx_BL=jnp.full((1, 8), -1, jnp.int32), action_span_BT2=jnp.asarray([[[1, 2], [5, 7]]], jnp.int32),
+        feedback_span_BT2=jnp.asarray([[[2, 5], [7, 7]]], jnp.int32), turn_valid_BT=jnp.asarray([[True, True]]),
+        segment_idx_BL=jnp.full((1, 8), -1, jnp.int32), segment_polarity_BQ=jnp.zeros((1, 2)),
+        segment_valid_BQ=jnp.zeros((1, 2), bool), reward_B=jnp.zeros((1,)), group_id_B=jnp.zeros((1,), jnp.int32),
+    )
+    toks, mask, span = counterfactual_histories(CreditBatch(**base), jnp.asarray([5]), "overwrite")
+    assert np.asarray(toks[0, 0])[np.asarray(mask[0, 0])].tolist() == [1, 2, 5, 5, 5, 3, 4]
+    assert np.asarray(span[0, 0]).tolist() == [5, 7]
+    toks, mask, span = counterfactual_histories(CreditBatch(**base), jnp.asarray([5, 6]), "replace")
+    assert np.asarray(toks[0, 0])[np.asarray(mask[0, 0])].tolist() == [1, 2, 5, 6, 3, 4]
+    assert np.asarray(span[0, 0]).tolist() == [4, 6]
+    base["feedback_span_BT2"] = jnp.asarray([[[2, 4], [7, 7]]], jnp.int32)
+    toks, mask, _ = counterfactual_histories(CreditBatch(**base), jnp.asarray([5, 6, 7, 1]), "overwrite")
+    assert np.asarray(toks[0, 0])[np.asarray(mask[0, 0])].tolist() == [1, 2, 5, 6, 9, 3, 4]
+
+
+class TestSharedPrefixJit(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_jit_and_eager_agree(self):
+        batch = synthetic_batch(np.random.default_rng(3), batch=2, length=40, turns=4, vocab=64)
+        p = _params()
+        n = packed_length(batch, len(PH))
+        fn = self.variant(lambda p, b: infogain_shared_prefix(p, b, jnp.asarray(PH), config=CFG, packed_len=n).r_info_BT)
+        ref = compute_infogain(p, batch, PH, config=CFG, mode="naive").r_info_BT
+        chex.assert_trees_all_close(fn(p, batch), ref, atol=1e-5)
+
+
+def test_bad_input_errors():
+    batch = synthetic_batch(np.random.default_rng(4), batch=1, length=16, turns=2, vocab=64)
+    p = _params()
+    with pytest.raises(ValueError, match="mode='fast'"):
+        compute_infogain(p, batch, PH, config=CFG, mode="fast")
+    with pytest.raises(ValueError, match="placeholder_mode='mask'"):
+        compute_infogain(p, batch, PH, config=CFG, placeholder_mode="mask")
+    with pytest.raises(ValueError, match="placeholder token ids: empty"):
+        compute_infogain(p, batch, [], config=CFG)
+    with pytest.raises(ValueError, match="packed_len=8: expected >= the trajectory length 16"):
+        infogain_shared_prefix(p, batch, jnp.asarray(PH), config=CFG, packed_len=8)
