@@ -518,6 +518,91 @@ def test_qwen3_assistant_dicts_reanchor(tok3):
     assert len(r.breaks) >= 1
 
 
+# ============================================================================ templates that reject partial conversations
+def _qwen3_guarded(tok3):
+    """The Qwen3-style fixture template with real Qwen3's check: raise_exception("No user query found in
+    messages.") when the conversation holds no user query."""
+    main_loop = "{%- for message in messages -%}\n    {%- if message.role == 'system' -%}"
+    assert tok3.chat_template.count(main_loop) == 1
+    guard = "{%- if ns.last_query < 0 -%}{{- raise_exception('No user query found in messages.') -}}{%- endif -%}\n"
+    return tok3.chat_template.replace(main_loop, guard + main_loop)
+
+
+def _batched_flow(tok, template, thinking, tools=TOOLS):
+    """system + user in one add, a generated turn with two calls, both results in one add, an answer, an
+    assistant dict, a new user query and its answer. Returns (renderer, prompts)."""
+    end = _end(tok)
+    r = ChatRenderer(tok, template, thinking=thinking, tools=tools)
+    prompts = []
+
+    def gen(body, think):
+        prompts.append(r.start_generation())
+        text = body if thinking == "disabled" or think is None else f"<think>\n{think}\n</think>\n\n{body}"
+        r.append_generated(tok.encode(text) + [end])
+
+    r.add({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where are W1 and W2?"})
+    gen("\n".join(format_tool_call(ToolCall("get_order", {"order_id": w})) for w in ["W1", "W2"]), "look up both")
+    r.add({"role": "tool", "content": '{"status": "shipped"}'}, {"role": "tool", "content": '{"status": "lost"}'})
+    gen("W1 shipped; W2 is lost.", "summarise")
+    r.add({"role": "assistant", "content": "Anything else?"})
+    r.add({"role": "user", "content": "No, thanks."})
+    gen("Bye.", None)
+    return r, prompts
+
+
+@pytest.mark.parametrize("thinking", ["keep", "strip", "disabled"])
+def test_template_rejecting_partial_conversations(tok3, thinking):
+    """Closing boundaries never need a render the template rejects: a template that raises on a
+    conversation without a user query (as Qwen3's does) renders exactly as without the check."""
+    guarded = _qwen3_guarded(tok3)
+    system, user = {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}
+    with pytest.raises(ChatTemplateError, match="No user query found"):
+        render_template(guarded, [system])
+    assert render_template(guarded, [system, user]) == render_template(tok3.chat_template, [system, user])
+    # Adding the system message alone is rejected by the template itself, with a hint.
+    with pytest.raises(ChatTemplateError, match=r"roles \['system'\].*No user query found in messages.*same "
+                                                r"add\(\) call"):
+        ChatRenderer(tok3, guarded).add(system)
+    plain, prompts = _batched_flow(tok3, None, thinking)
+    r, prompts_guarded = _batched_flow(tok3, guarded, thinking)
+    assert prompts_guarded == prompts
+    chat = r.finish()
+    assert chat == plain.finish() and r.breaks == plain.breaks and r.scoring_views() == plain.scoring_views()
+    _check_spans(chat)
+    s0, s3 = chat.span(0), chat.span(3)
+    closing = tok3.decode(chat.tokens[s0.content_end:s0.end])  # the system turn's: the tools section
+    assert closing.startswith("\n\n# Tools") and closing.endswith("</tool_call><|im_end|>\n")
+    assert tok3.decode(chat.tokens[s3.content_end:s3.end]) == "\n</tool_response>"  # merged tool results
+    for i, m in enumerate(r.messages):
+        assert tok3.decode(chat.content_tokens(i)) == m["content"]
+
+
+def test_template_failing_on_partial_conversations_falls_back(tok):
+    """A template that cannot render a conversation without a user message at all (an undefined value,
+    not raise_exception): the closing between two messages added together is then found from the whole
+    conversation's render (the text after a content that the template also writes after the last one)."""
+    first_query = "{%- set topic = (messages | selectattr('role', 'equalto', 'user') | first).content -%}\n"
+    failing = first_query + tok.chat_template
+    with pytest.raises(ChatTemplateError, match="UndefinedError"):
+        render_template(failing, [{"role": "system", "content": "x"}])
+    for tools in [None, TOOLS]:
+        plain, prompts = _batched_flow(tok, None, "keep", tools)
+        r, prompts_failing = _batched_flow(tok, failing, "keep", tools)
+        chat, expected = r.finish(), plain.finish()
+        assert prompts_failing == prompts and chat.tokens == expected.tokens and r.breaks == []
+        _check_spans(chat)
+        for i, m in enumerate(r.messages):
+            assert tok.decode(chat.content_tokens(i)) == m["content"]
+        assert tok.decode(chat.tokens) == r.render_text(r.messages)
+        s0, s1 = chat.span(0), chat.span(1)
+        if tools is None:  # the system turn's closing is the user turn's: found, spans as with the plain template
+            assert chat == expected and tok.decode(chat.tokens[s0.content_end:s0.end]) == "<|im_end|>\n"
+        else:  # the tools section after the system prompt is not a closing any last message gets: the user's prefix
+            assert s0.end == s0.content_end and tok.decode(chat.tokens[s1.start:s1.content_start]).startswith(
+                "\n\n# Tools")
+            assert chat.spans[2:] == expected.spans[2:]
+
+
 # ============================================================================ errors
 def test_errors_name_field_value_expected(tok, fixtures_dir):
     no_tools = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"

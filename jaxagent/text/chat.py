@@ -22,6 +22,18 @@ the next :meth:`~ChatRenderer.add`, :meth:`~ChatRenderer.start_generation` or
 :meth:`~ChatRenderer.finish`, with the text the template gives it in that context. This keeps
 Qwen2.5/Qwen3's merging of consecutive tool results into one user turn prefix-stable.
 
+*Closing boundaries.* A message's closing is the text the template writes after its content when
+it is the last message, cut where the new render continues differently: it is found from a render
+of the conversation up to that message. Such a render is only used to locate text, so the
+template's ``raise_exception(...)`` does not abort it: real Qwen3 templates reject a conversation
+without a user query ("No user query found in messages."), and ``add(system, user)`` must not fail
+because ``[system]`` alone would be rejected. (A conversation the template rejects as a whole is
+still an error: ``add(system)`` alone raises there; add the system message with the first user
+query.) Where the template cannot render the prefix at all (e.g. an undefined value), the closing
+is the part of the text after the content that the template also writes after the last message of
+the whole conversation, else empty (the template text then opens the next message's span). Content
+spans never depend on where a closing ends.
+
 *Where the template is not prefix-stable.* Some templates re-render earlier text when a message
 arrives: Qwen3 drops the thinking of assistant turns before the latest user query, and renders an
 empty ``<think>\\n\\n</think>\\n\\n`` only on the last assistant turn. Then the committed tokens are
@@ -735,27 +747,60 @@ class ChatRenderer:
             f"template changes the text around it depending on the content). Content starts {new[i]['content']!r:.60}")
 
     def _closing_end(self, N: str, msgs_upto: list[dict], content_end: int, limit: int,
-                     content: str, sentinel_index: int) -> int:
-        """End in ``N`` of the closing text of the last message of ``msgs_upto`` (whose content ends at
-        ``content_end`` in ``N``), bounded by ``limit``: the common prefix with the template's text
-        after that content when the message is last."""
-        R = self._render(msgs_upto, False)
-        lcp = _lcp(R, N)
-        if lcp >= content_end:
-            return max(content_end, min(lcp, limit))
-        if content:  # the render differs earlier (the template re-rendered history): use a sentinel
-            s = self._sentinel(sentinel_index, N)
-            Rs = self._render(msgs_upto[:-1] + [{**msgs_upto[-1], "content": s}], False)
-            if Rs.count(s) == 1:
-                closing = Rs[Rs.index(s) + len(s):]
-                return max(content_end, min(content_end + _lcp(closing, N[content_end:]), limit))
-        return content_end
+                     content: str, sentinel_index: int, full: list[dict]) -> int:
+        """End in ``N`` of the closing text of the last message of ``msgs_upto``, a prefix of ``full``
+        (the messages ``N`` renders); that message's content ends at ``content_end`` in ``N``. Bounded
+        by ``limit`` (the next content's start).
+
+        The closing is the text the template writes after the content when the message is last: the
+        common prefix of ``N`` with the render of ``msgs_upto``. That render is auxiliary, so the
+        template's ``raise_exception`` does not abort it: a check of the whole conversation (Qwen3's
+        "No user query found in messages.") must not reject one of its prefixes. Where the template
+        still cannot render the prefix (another error), the closing is the common prefix of the text
+        after the content with the closing the template gives the last message of ``full`` (a
+        sentinel render of the whole list); failing that, it is empty and the template text goes to
+        the next message's prefix. Content boundaries never depend on this.
+        """
+        try:
+            R = self._render(msgs_upto, False, partial=True)
+        except ChatTemplateError:
+            R = None
+        if R is not None:
+            lcp = _lcp(R, N)
+            if lcp >= content_end:
+                return max(content_end, min(lcp, limit))
+            if content:  # the render differs earlier (the template re-rendered history): use a sentinel
+                s = self._sentinel(sentinel_index, N)
+                try:
+                    Rs = self._render(msgs_upto[:-1] + [{**msgs_upto[-1], "content": s}], False, partial=True)
+                except ChatTemplateError:
+                    Rs = ""
+                if Rs.count(s) == 1:
+                    closing = Rs[Rs.index(s) + len(s):]
+                    return max(content_end, min(content_end + _lcp(closing, N[content_end:]), limit))
+            return content_end
+        s = self._sentinel(len(full) - 1, N)
+        try:
+            Rs = self._render(full[:-1] + [{**full[-1], "content": s}], False, partial=True)
+        except ChatTemplateError:
+            return content_end
+        if Rs.count(s) != 1:
+            return content_end
+        closing = Rs[Rs.index(s) + len(s):]
+        return max(content_end, min(content_end + _lcp(closing, N[content_end:]), limit))
 
     def _advance(self, new: list[dict], *, gen: bool, final: bool = False) -> None:
         """Render with ``new`` appended (and the generation prompt if ``gen``) and commit the pieces."""
         H = [m.data for m in self._msgs]
         event_index = len(H)
-        N = self._render(H + new, gen)
+        try:
+            N = self._render(H + new, gen)
+        except ChatTemplateError as e:
+            if not new:
+                raise
+            raise ChatTemplateError(f"{e} (add() renders the conversation after each call; if the template only "
+                                    f"accepts a complete conversation, add the messages that complete it, e.g. "
+                                    f"the first user query with the system message, in the same add() call)") from e
         last = self._msgs[-1] if self._msgs else None
         brk = None
         if N.startswith(self._text):
@@ -778,7 +823,7 @@ class ChatRenderer:
             if final:
                 b_last = len(N)
             else:
-                b_last = self._closing_end(N, H, x, limit, last.data["content"], event_index - 1)
+                b_last = self._closing_end(N, H, x, limit, last.data["content"], event_index - 1, H + new)
             b_last = max(b_last, base)
             pieces.append((N[base:b_last], event_index - 1, "closing"))
             cursor = b_last
@@ -794,7 +839,7 @@ class ChatRenderer:
             cursor = q
             if i < n - 1:
                 b = self._closing_end(N, H + new[:i + 1], q, first_content_after(i + 1), m["content"],
-                                      event_index + i)
+                                      event_index + i, H + new)
                 pieces.append((N[q:b], event_index + i, "closing"))
                 cursor = b
         if gen:
