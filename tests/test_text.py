@@ -398,6 +398,36 @@ def test_fork_branches_independently(tok):
     assert a.tokens[:n] == b.tokens[:n] and tok.decode(b.tokens).endswith("two<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n")
 
 
+def test_finish_closes_the_conversation(tok):
+    """finish() commits the closing the template gives the last message; after a tool result that is
+    <|im_end|>, which another tool result would have replaced: further messages are a clear error,
+    finish() again returns the same record, and a fork taken before finish() goes on."""
+    r = ChatRenderer(tok, tools=TOOLS)
+    r.add({"role": "user", "content": "go"})
+    r.start_generation()
+    r.append_generated(tok.encode(format_tool_call(ToolCall("search", {"query": "x"}))) + [_end(tok)])
+    r.add({"role": "tool", "content": "a"})
+    branch = r.fork()
+    assert not r.finished
+    chat = r.finish()
+    assert r.finished and tok.decode(chat.tokens).endswith("\n<tool_response>\na\n</tool_response><|im_end|>\n")
+    for call in [lambda: r.add({"role": "tool", "content": "b"}), lambda: r.add({"role": "user", "content": "b"}),
+                 r.start_generation]:
+        with pytest.raises(ChatInputError, match=r"the conversation is finished \(finish\(\) committed the closing "
+                                                 r"of message 2.*expected calls before finish\(\).*r\.fork\(\)\.finish"):
+            call()
+    assert r.finish() == chat == r.record() and r.fork().finish() == chat
+    # The fork continues; its record equals adding both results at once.
+    branch.add({"role": "tool", "content": "b"})
+    both = ChatRenderer(tok, tools=TOOLS)
+    both.add({"role": "user", "content": "go"})
+    both.start_generation()
+    both.append_generated(tok.encode(format_tool_call(ToolCall("search", {"query": "x"}))) + [_end(tok)])
+    both.add({"role": "tool", "content": "a"}, {"role": "tool", "content": "b"})
+    assert branch.finish() == both.finish()
+    assert tok.decode(branch.record().tokens) == branch.render_text(branch.messages)
+
+
 def test_replace_content_for_counterfactual(tok):
     """InfoPO: a feedback message's content replaced by a placeholder in the same template slot."""
     r = ChatRenderer(tok, tools=TOOLS)

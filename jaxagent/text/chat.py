@@ -346,6 +346,7 @@ class ChatRenderer:
         self._tokens: list[int] = []
         self._text = ""
         self._pending: dict[str, int] | None = None
+        self._finished = False
         self._piece_cache: dict[str, tuple[int, ...]] = {}
         self._think_end_id = tokenizer.token_to_id(THINK_END)
         self.breaks: list[PrefixBreak] = []
@@ -367,6 +368,11 @@ class ChatRenderer:
         """The messages as given to the template (copies); a generated turn is
         ``{"role": "assistant", "content": <decoded generated text, stop token excluded>}``."""
         return [dict(m.data) for m in self._msgs]
+
+    @property
+    def finished(self) -> bool:
+        """Whether finish() was called (the conversation is closed; see :meth:`finish`)."""
+        return self._finished
 
     @property
     def generating(self) -> bool:
@@ -403,6 +409,7 @@ class ChatRenderer:
         OpenAI dicts) and ``reasoning_content``; a tool message ``tool_call_id`` / ``name``. Other
         keys pass to the template unchanged. Messages added in one call are rendered together.
         """
+        self._check_open("add")
         if self._pending is not None:
             raise ChatInputError("add: a generation is pending (start_generation was called); call "
                                  "append_generated(token_ids) first")
@@ -417,6 +424,7 @@ class ChatRenderer:
         """Commit the previous message's closing and the template's generation prompt (e.g.
         ``<|im_start|>assistant\\n``); return the ids the model should condition on: the record
         (``"keep"``/``"disabled"``) or the stripped view (``"strip"``), prompt included."""
+        self._check_open("start_generation")
         if self._pending is not None:
             raise ChatInputError("start_generation: a generation is already pending; call append_generated first")
         self._advance([], gen=True)
@@ -455,13 +463,31 @@ class ChatRenderer:
         return msg.span(len(self._msgs) - 1)
 
     def finish(self) -> RenderedChat:
-        """Commit the last message's closing text and return the record (all generated turns
-        scored). Idempotent; more messages may still be added afterwards."""
+        """Close the conversation: commit the last message's closing text (the text the template
+        writes after it as the last message) and return the record (all generated turns scored).
+
+        The renderer is then finished: :meth:`add` and :meth:`start_generation` raise
+        ChatInputError, because the committed closing may not be what the template writes before a
+        further message (Qwen writes ``<|im_end|>\\n`` after the last tool result but
+        ``\\n</tool_response>`` before another one). :meth:`record`, :meth:`view`,
+        :meth:`scoring_views` and :meth:`fork` still work, and calling finish() again returns the
+        same record. To take a finished record of a conversation that goes on, finish a fork:
+        ``r.fork().finish()``.
+        """
         if self._pending is not None:
             raise ChatInputError("finish: a generation is pending; call append_generated first")
-        if self._msgs and not self._msgs[-1].closed:
+        if not self._finished and self._msgs and not self._msgs[-1].closed:
             self._advance([], gen=False, final=True)
+        self._finished = True
         return self.record()
+
+    def _check_open(self, method: str) -> None:
+        if self._finished:
+            raise ChatInputError(
+                f"{method}: the conversation is finished (finish() committed the closing of message "
+                f"{len(self._msgs) - 1}, which may differ from the template's text before a further message); "
+                f"expected calls before finish(). To continue a conversation and also take a finished record "
+                f"of it, call finish() on a fork(): r.fork().finish()")
 
     # ------------------------------------------------------------------ views
     def record(self) -> RenderedChat:
