@@ -1,6 +1,23 @@
 """Credit assignment and losses (pure ``jax.numpy``): advantages, info-gain, reaction credit,
 PPO/KL/entropy/DPO/SFT losses."""
 
+from jaxagent.credit.fusion import (
+    InfoPOConfig,
+    broadcast_turns,
+    fuse,
+    gate_per_group,
+    infogain_valid_turns,
+    normalize_turn_rewards,
+    variance_gate,
+)
+from jaxagent.credit.grpo import (
+    GroupStats,
+    GRPOConfig,
+    broadcast_to_tokens,
+    group_normalize,
+    group_stats,
+    grpo_advantage,
+)
 from jaxagent.credit.losses import (
     AGG_MODES,
     DPO_LOSS_TYPES,
@@ -21,24 +38,53 @@ from jaxagent.credit.losses import (
     sequence_logp,
     sft_loss,
 )
+from jaxagent.credit.reaction import (
+    DEFAULT_POLARITY,
+    FacaConfig,
+    ablate_polarity,
+    broadcast_segments,
+    polarity_of,
+    reaction_advantage,
+    reaction_telemetry,
+)
 
 __all__ = [
     "AGG_MODES",
+    "DEFAULT_POLARITY",
     "DPO_LOSS_TYPES",
     "KL_ESTIMATORS",
     "Agg",
     "DPOLossType",
+    "FacaConfig",
+    "GRPOConfig",
+    "GroupStats",
+    "InfoPOConfig",
     "KLEstimator",
     "PPOConfig",
+    "ablate_polarity",
     "aggregate",
+    "broadcast_segments",
+    "broadcast_to_tokens",
+    "broadcast_turns",
     "dpo_loss",
     "entropy_bonus",
+    "fuse",
+    "gate_per_group",
+    "group_normalize",
+    "group_stats",
+    "grpo_advantage",
+    "infogain_valid_turns",
     "kl_estimate",
     "kl_loss",
     "kl_penalty",
     "masked_mean",
+    "normalize_turn_rewards",
+    "polarity_of",
     "policy_loss",
     "ppo_token_loss",
+    "reaction_advantage",
+    "reaction_telemetry",
     "sequence_logp",
     "sft_loss",
+    "variance_gate",
 ]

@@ -1,0 +1,191 @@
+"""GRPO outcome advantage and the group statistics every credit term shares.
+
+Shapes: B rollouts, L tokens, N entries of a flattened table (e.g. B*T turns), G groups.
+
+Conventions (used by ``grpo``, ``reaction`` and ``fusion`` alike):
+
+- **Group ids** are int32 in ``[0, num_groups)``; ``num_groups`` defaults to the number of
+  entries (so rollout ids in ``[0, B)`` always fit). Entries whose id falls outside that range
+  are dropped from every statistic (``jax.ops.segment_sum`` semantics) and get advantage 0.
+- **Population std** (divide by the number of valid members n, not n - 1). verl's GRPO uses
+  ``torch.std`` (n - 1); for a group of n the two differ by sqrt(n / (n - 1)), a constant
+  per group size that only rescales the advantage.
+- **eps outside the square root**: ``A = (x - mean_g) / (std_g + eps)``, as in the GRPO paper
+  and verl. Without std normalisation ``A = x - mean_g`` (Dr. GRPO).
+- **Degenerate groups give exactly 0**: a group with fewer than 2 valid members, or whose valid
+  members are all equal (max == min, tested exactly, not via std < eps), gets advantage 0.0
+  exactly, never ``(x - mean) / eps`` rounding noise. (verl instead uses mean 0 / std 1 for a
+  single-member group, i.e. A = R.)
+- **Invalid entries** are masked out of the statistics (not counted as zeros), may hold any
+  value (NaN included) and get advantage 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "GRPOConfig",
+    "GroupStats",
+    "broadcast_to_tokens",
+    "gather_to_tokens",
+    "group_normalize",
+    "group_stats",
+    "grpo_advantage",
+    "safe_ratio",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+    """Outcome-advantage settings (frozen: a static argument to ``jax.jit``).
+
+    normalize_std: divide by the group's population std (+ eps); False = mean-centering only.
+    eps: added to the std in the denominator; must be > 0.
+    """
+
+    normalize_std: bool = True
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        check_bool("GRPOConfig", "normalize_std", self.normalize_std)
+        check_eps("GRPOConfig", "eps", self.eps)
+
+
+def check_bool(cls: str, field: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{cls}.{field}={value!r}: expected a bool")
+
+
+def check_eps(cls: str, field: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{cls}.{field}={value!r}: expected a finite number > 0")
+
+
+class GroupStats(NamedTuple):
+    """Per-group statistics over valid entries, each ``[G]`` (G = num_groups).
+
+    mean_G float32 (0 for an empty group), std_G float32 population std (0 for an empty group),
+    count_G float32 number of valid members, degenerate_G bool (count < 2 or all values equal).
+    """
+
+    mean_G: jax.Array
+    std_G: jax.Array
+    count_G: jax.Array
+    degenerate_G: jax.Array
+
+
+def group_stats(
+    x_B: jax.Array, group_id_B: jax.Array, valid_B: jax.Array | None = None, num_groups: int | None = None
+) -> GroupStats:
+    """Per-group mean and **population** std of ``x_B`` over valid entries, by segment sums.
+
+    x_B: ``[B]`` values (any float dtype; computed in float32). B may be any flat length N
+    (e.g. B*T turns flattened, with each turn carrying its rollout's group id).
+    group_id_B: ``[B]`` int group ids in ``[0, num_groups)``; others are dropped.
+    valid_B: ``[B]`` bool, or None (all valid). Invalid entries do not count and may hold NaN.
+    num_groups: static number of groups G; default B.
+
+    Two-pass (mean, then centred second moment), so the std does not cancel catastrophically.
+    """
+    x_B = jnp.asarray(x_B)
+    B = x_B.shape[0]
+    G = B if num_groups is None else int(num_groups)
+    gid_B = jnp.asarray(group_id_B, jnp.int32)
+    valid_B = jnp.ones((B,), bool) if valid_B is None else jnp.asarray(valid_B, bool)
+    x_B = jnp.where(valid_B, x_B.astype(jnp.float32), 0.0)
+    count_G = jax.ops.segment_sum(valid_B.astype(jnp.float32), gid_B, num_segments=G)
+    denom_G = jnp.maximum(count_G, 1.0)
+    mean_G = jax.ops.segment_sum(x_B, gid_B, num_segments=G) / denom_G
+    dev_B = jnp.where(valid_B, x_B - _gather(mean_G, gid_B), 0.0)
+    var_G = jax.ops.segment_sum(dev_B * dev_B, gid_B, num_segments=G) / denom_G
+    hi_G = jax.ops.segment_max(jnp.where(valid_B, x_B, -jnp.inf), gid_B, num_segments=G)
+    lo_G = jax.ops.segment_min(jnp.where(valid_B, x_B, jnp.inf), gid_B, num_segments=G)
+    degenerate_G = (count_G < 2) | (hi_G == lo_G)
+    return GroupStats(mean_G, jnp.sqrt(var_G), count_G, degenerate_G)
+
+
+def _gather(v_G: jax.Array, gid_B: jax.Array) -> jax.Array:
+    """v_G[gid] with out-of-range ids clipped (callers mask those entries themselves)."""
+    return jnp.take(v_G, jnp.clip(gid_B, 0, v_G.shape[0] - 1), axis=0)
+
+
+def in_range(gid_B: jax.Array, num_groups: int) -> jax.Array:
+    return (gid_B >= 0) & (gid_B < num_groups)
+
+
+def group_normalize(
+    x_B: jax.Array,
+    group_id_B: jax.Array,
+    valid_B: jax.Array | None = None,
+    *,
+    num_groups: int | None = None,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+) -> tuple[jax.Array, GroupStats]:
+    """Group-relative advantage of each entry: ``(x - mean_g) / (std_g + eps)`` (or ``x - mean_g``).
+
+    Shapes as in ``group_stats``. Returns ``(A_B float32, stats)``; A is exactly 0 on invalid
+    entries, on entries with an out-of-range group id and on degenerate groups.
+    """
+    x_B = jnp.asarray(x_B)
+    B = x_B.shape[0]
+    G = B if num_groups is None else int(num_groups)
+    gid_B = jnp.asarray(group_id_B, jnp.int32)
+    valid_B = jnp.ones((B,), bool) if valid_B is None else jnp.asarray(valid_B, bool)
+    stats = group_stats(x_B, gid_B, valid_B, G)
+    centred_B = jnp.where(valid_B, x_B.astype(jnp.float32), 0.0) - _gather(stats.mean_G, gid_B)
+    if normalize_std:
+        centred_B = centred_B / (_gather(stats.std_G, gid_B) + eps)
+    live_B = valid_B & in_range(gid_B, G) & ~_gather(stats.degenerate_G, gid_B)
+    return jnp.where(live_B, centred_B, 0.0), stats
+
+
+def grpo_advantage(
+    reward_B: jax.Array,
+    group_id_B: jax.Array,
+    config: GRPOConfig = GRPOConfig(),
+    *,
+    valid_B: jax.Array | None = None,
+    num_groups: int | None = None,
+) -> jax.Array:
+    """GRPO outcome advantage ``A_B = (R_i - mean_g) / (std_g + eps)`` (population std), or
+    ``R_i - mean_g`` with ``config.normalize_std=False``.
+
+    reward_B: ``[B]`` float outcome rewards; group_id_B: ``[B]`` int32 in ``[0, num_groups)``
+    (default num_groups = B); valid_B: optional ``[B]`` bool (padding rows: excluded, A = 0).
+    Returns ``A_B`` float32; exactly 0 for degenerate groups (single member or all equal).
+    """
+    A_B, _ = group_normalize(
+        reward_B, group_id_B, valid_B, num_groups=num_groups, normalize_std=config.normalize_std, eps=config.eps
+    )
+    return A_B
+
+
+def broadcast_to_tokens(A_B: jax.Array, loss_mask_BL: jax.Array) -> jax.Array:
+    """A rollout's advantage on each of its agent tokens: ``A_BL[i, l] = A_B[i]`` where
+    ``loss_mask_BL[i, l] != 0``, else exactly 0. Returns float32 ``[B, L]``."""
+    return jnp.where(jnp.asarray(loss_mask_BL) != 0, jnp.asarray(A_B, jnp.float32)[:, None], 0.0)
+
+
+def gather_to_tokens(A_BK: jax.Array, idx_BL: jax.Array, loss_mask_BL: jax.Array) -> jax.Array:
+    """Per-unit advantages onto tokens: ``A_BL[i, l] = A_BK[i, idx_BL[i, l]]`` where
+    ``loss_mask_BL != 0`` and ``0 <= idx < K``, else exactly 0 (idx -1 marks non-agent tokens).
+    The shared body of ``fusion.broadcast_turns`` (K = T) and ``reaction.broadcast_segments``
+    (K = Q). Returns float32 ``[B, L]``."""
+    A_BK = jnp.asarray(A_BK, jnp.float32)
+    K = A_BK.shape[1]
+    idx_BL = jnp.asarray(idx_BL, jnp.int32)
+    take_BL = jnp.take_along_axis(A_BK, jnp.clip(idx_BL, 0, K - 1), axis=1)
+    keep_BL = (jnp.asarray(loss_mask_BL) != 0) & (idx_BL >= 0) & (idx_BL < K)
+    return jnp.where(keep_BL, take_BL, 0.0)
+
+
+def safe_ratio(num: jax.Array, den: jax.Array) -> jax.Array:
+    """``num / den``, and 0 where ``den <= 0`` (an empty denominator in a share)."""
+    return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
