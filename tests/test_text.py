@@ -522,15 +522,52 @@ def test_qwen3_strip(tok3):
 
 
 def test_qwen3_disabled(tok3):
+    """Thinking disabled: each generation prompt ends with an empty think block, kept in the record;
+    what the model is shown is what Qwen3's template shows, which drops that block from every
+    earlier assistant turn (its reasoning is empty), so each turn is scored in its own context."""
     r, prompts, generated = _qwen3_episode(tok3, "disabled")
-    assert tok3.decode(prompts[1]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    empty = "<think>\n\n</think>\n\n"
+    for i, prompt in prompts.items():  # each prompt is the template's one-shot render
+        text = tok3.decode(prompt)
+        assert text == r.render_text(r.messages[:i], add_generation_prompt=True)
+        assert text.endswith("<|im_start|>assistant\n" + empty) and text.count("<think>") == 1
+    # Earlier turns are shown with their generated tokens verbatim, only the prompt's block dropped.
+    s1 = r.view().span(1)
+    assert r.view().tokens[s1.content_start:s1.generated_end] == tuple(generated[1])
+    assert tok3.decode(r.view().tokens[s1.start:s1.content_start]) == "<|im_start|>assistant\n"
     chat = r.finish()
     _check_spans(chat)
-    for i, ids in generated.items():
+    for i, ids in generated.items():  # the record keeps every block, as generated
         s = chat.span(i)
         assert list(chat.tokens[s.content_start:s.generated_end]) == ids
-        assert tok3.decode(chat.tokens[s.start:s.content_start]) == "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-    assert r.breaks  # Qwen3 renders the empty think block on the last assistant turn only
+        assert tok3.decode(chat.tokens[s.start:s.content_start]) == "<|im_start|>assistant\n" + empty
+    assert tok3.decode(chat.tokens).count("<think>") == 3
+    # The template drops turn 1's block from the render once message 2 arrives: a PrefixBreak, recorded
+    # at its first event (later renders differ from the record first at the same place).
+    assert [b.message_index for b in r.breaks] == [2]
+    b = r.breaks[0]
+    assert "</think>\n\n<tool_call>" in b.committed and b.template.endswith("</tool_call><|i")
+    # After finish the view is the template's render of the whole conversation (the last turn keeps
+    # its block: Qwen3 writes one on the last assistant turn).
+    assert tok3.decode(r.view().tokens) == r.render_text(r.messages) and r.view().scored == (5,)
+    views = r.scoring_views()
+    assert [v.scored for v in views] == [(1,), (3,), (5,)]
+    for v in views:
+        _check_spans(v)
+        (i,) = v.scored
+        s = v.span(i)
+        assert list(v.tokens[:s.content_start]) == prompts[i]
+        assert list(v.tokens[s.content_start:s.generated_end]) == generated[i]
+        assert v.loss_mask().sum() == len(generated[i]) and v.loss_mask()[s.content_start:s.generated_end].all()
+    assert len(views[0].spans) == 3 and len(views[1].spans) == 4  # each up to the next generated turn or query
+    # The prefix-stable alternative: the record is shown (empty blocks stay in the history).
+    keep = ChatRenderer(tok3, thinking="keep", template_kwargs={"enable_thinking": False})
+    keep.add({"role": "user", "content": "Where is W1?"})
+    p1 = keep.start_generation()
+    keep.append_generated(generated[1])
+    keep.add({"role": "tool", "content": '{"status": "shipped"}'})
+    p3 = keep.start_generation()
+    assert p3[:len(p1) + len(generated[1])] == p1 + generated[1] and keep.scoring_views() == [keep.record()]
 
 
 def test_qwen3_assistant_dicts_reanchor(tok3):
@@ -858,14 +895,19 @@ def test_token_level_difference_is_only_a_merge(tok):
 
 
 @st.composite
-def _qwen3_episodes(draw):
+def _qwen3_episodes(draw, thinking=True):
+    """Events as in _episodes, Qwen3-style: the first user query possibly with a system message in the same
+    add; generated turns with a thinking block (possibly empty) or none, calls, then their results."""
     events = []
-    for _ in range(draw(st.integers(1, 3))):
-        events.append(("add", [{"role": "user", "content": draw(_safe)}]))
+    for k in range(draw(st.integers(1, 3))):
+        user = [{"role": "user", "content": draw(_safe)}]
+        if k == 0 and draw(st.booleans()):
+            user.insert(0, {"role": "system", "content": draw(_safe)})
+        events.append(("add", user))
         for _ in range(draw(st.integers(1, 3))):
             calls = [ToolCall("search", {"q": draw(_safe)}) for _ in range(draw(st.integers(0, 2)))]
             body = "\n".join([draw(_safe), *map(format_tool_call, calls)])
-            think = draw(st.one_of(st.none(), _safe))
+            think = draw(st.one_of(st.none(), st.just(""), _safe)) if thinking else None
             text = body if think is None else f"<think>\n{think}\n</think>\n\n{body}"
             events.append(("gen", text, True, False))
             if not calls:
@@ -875,12 +917,15 @@ def _qwen3_episodes(draw):
 
 
 @PROPS
-@given(_qwen3_episodes())
-def test_random_qwen3_strip_views(tok3, events):
-    """Strip mode: every prompt the model is shown is the template's one-shot render of the
-    conversation so far (at the text level), and each scoring view holds every scored turn in its
-    generation context."""
-    r = ChatRenderer(tok3, thinking="strip", tools=TOOLS)
+@given(st.data())
+@pytest.mark.parametrize("thinking", ["strip", "disabled"])
+def test_random_qwen3_views(tok3, thinking, data):
+    """Strip and disabled modes: every prompt the model is shown is the template's one-shot render of
+    the conversation so far, and the scoring views hold every scored turn in its generation context;
+    under the Qwen3-style template with or without Qwen3's "No user query found" check."""
+    events = data.draw(_qwen3_episodes(thinking=thinking == "strip"))
+    template = data.draw(st.sampled_from([None, _qwen3_guarded(tok3)]))
+    r = ChatRenderer(tok3, template, thinking=thinking, tools=TOOLS)
     prompts, generated = {}, {}
     for ev in events:
         if ev[0] == "add":
@@ -888,18 +933,17 @@ def test_random_qwen3_strip_views(tok3, events):
             continue
         i = len(r.messages)
         prompts[i] = r.start_generation()
-        if all("<think>" in m["content"] or m["role"] != "assistant" for m in r.messages):
-            # (an assistant turn without thinking renders differently when last; skip the text check then)
-            assert tok3.decode(prompts[i]) == r.render_text(r.messages, add_generation_prompt=True)
+        assert tok3.decode(prompts[i]) == r.render_text(r.messages, add_generation_prompt=True)
         generated[i] = tok3.encode(ev[1]) + [_end(tok3)]
         r.append_generated(generated[i])
     r.finish()
-    covered = set()
+    covered = []
     for v in r.scoring_views():
         _check_spans(v)
         for i in v.scored:
             s = v.span(i)
             assert list(v.tokens[:s.content_start]) == prompts[i]
             assert list(v.tokens[s.content_start:s.generated_end]) == generated[i]
-        covered |= set(v.scored)
-    assert covered == set(generated)
+        assert v.loss_mask().sum() == sum(len(generated[i]) for i in v.scored)
+        covered += v.scored
+    assert covered == sorted(generated)

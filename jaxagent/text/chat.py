@@ -80,25 +80,47 @@ newest-first) raises ChatTemplateError.
 
 Thinking (Qwen3 ``<think>`` blocks)
 ----------------------------------
-- ``"keep"``: everything generated stays in the token list and later turns see it
-  (``enable_thinking=True``). Qwen3's own template would drop earlier turns' thinking: those
-  differences are PrefixBreaks.
-- ``"strip"``: the token list (the record) is as in ``"keep"``, but what the model is shown at the
-  next turn (:meth:`~ChatRenderer.view`, returned by :meth:`~ChatRenderer.start_generation`)
-  drops the thinking block of every assistant turn before the latest user query, as Qwen3's
-  template does (the rest of those turns' generated tokens is kept verbatim where the block ends
-  at a token boundary, else the visible text is re-encoded). The record is then *not* what the
-  model saw; train on :meth:`~ChatRenderer.scoring_views`: one sequence per user query, each
-  showing earlier queries' turns stripped and scoring only that query's generated tokens — exactly
-  the contexts the model generated them in.
-- ``"disabled"``: ``enable_thinking=False`` (Qwen3-style templates then put an empty
-  ``<think>\\n\\n</think>\\n\\n`` in the generation prompt; a template without thinking ignores it).
+The record (:meth:`~ChatRenderer.record`, :meth:`~ChatRenderer.finish`) always keeps every token:
+generated thinking, and the empty ``<think>\\n\\n</think>\\n\\n`` that a generation prompt or
+Qwen3's render of a last assistant turn wrote. What differs between the modes is the history the
+model is *shown* (:meth:`~ChatRenderer.view`, returned by :meth:`~ChatRenderer.start_generation`)
+and the sequences to train on (:meth:`~ChatRenderer.scoring_views`).
+
+- ``"keep"`` (``enable_thinking=True``): the model is shown the record. Prefix-stable: each prompt
+  extends the previous prompt plus the generated tokens (a KV cache is extended with the new
+  tokens only), and the record is the one training sequence. Qwen3's own template would drop
+  earlier turns' thinking: those differences are PrefixBreaks.
+- ``"strip"`` (``enable_thinking=True``) and ``"disabled"`` (``enable_thinking=False``, so the
+  generation prompt ends with an empty think block): the model is shown what Qwen3's template
+  shows. Rendering messages ``[0, j)`` for the generation of message ``j``, it writes an assistant
+  turn's thinking block only when the turn comes after the latest user query (a user message that
+  is not a wrapped ``<tool_response>``) and its reasoning is non-empty or it is the last message;
+  every other block is dropped from the view (a generated block from the content, the rest of the
+  generated tokens kept verbatim where the block ends at a token boundary; a block at the end of
+  the turn's template prefix from the prefix). With thinking, that drops the thinking of turns
+  before the latest query (and empty blocks); with thinking disabled it drops the generation
+  prompt's empty block from *every* earlier assistant turn, so each prompt re-renders the previous
+  assistant turn and is not an extension of the previous prompt plus the generated tokens (a KV
+  cache must be re-extended from the first differing token). The record is then not what the
+  model saw; train on :meth:`~ChatRenderer.scoring_views`: the generated turns grouped into runs
+  whose generation contexts extend one another, one sequence per run, scoring only that run's
+  turns — exactly the contexts the model generated them in (one sequence per user query with
+  thinking; one per generated turn of a tool-calling episode with thinking disabled).
+  Why show the template's history: it is the distribution the model was trained on and what a
+  server applying the chat template would send. For a prefix-stable conversation without thinking
+  in which the model keeps seeing the empty blocks, use ``thinking="keep"`` with
+  ``template_kwargs={"enable_thinking": False}``.
+
+The rule is Qwen3's, applied to the committed tokens (not read from the template); the tests check
+it against the Qwen3-style fixture template. When no turn holds a ``<think>`` block (a template and
+model without thinking), every mode shows the record and ``scoring_views()`` is one sequence.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -106,7 +128,7 @@ import numpy as np
 
 from jaxagent.text.template import ChatTemplateError, render_template, template_variables
 from jaxagent.text.tokenizer import Tokenizer
-from jaxagent.text.toolcalls import THINK_END, ToolCall, ToolCallError, tool_call_from_dict
+from jaxagent.text.toolcalls import THINK_END, THINK_START, ToolCall, ToolCallError, tool_call_from_dict
 
 __all__ = ["ROLES", "THINKING_MODES", "ChatInputError", "ChatRenderer", "MessageSpan", "PrefixBreak",
            "RenderedChat"]
@@ -269,6 +291,20 @@ class _Msg:
                            self.generated, self.generated_end if self.generated else self.content_start)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Thinking:
+    """An assistant message's thinking block: its reasoning (newlines at the ends stripped), the
+    message's prefix text without the block when the block ends the prefix (the generation prompt's
+    ``<think>\\n\\n</think>\\n\\n`` with thinking disabled), and whether the block is in the content."""
+
+    reasoning: str
+    bare_prefix: str | None
+    in_content: bool
+
+
+_PREFIX_THINKING = re.compile(re.escape(THINK_START) + r"(.*?)" + re.escape(THINK_END) + r"\s*", re.DOTALL)
+
+
 def _lcp(a: str, b: str) -> int:
     """Length of the longest common prefix (binary search on slice equality)."""
     n = min(len(a), len(b))
@@ -349,6 +385,8 @@ class ChatRenderer:
         self._finished = False
         self._piece_cache: dict[str, tuple[int, ...]] = {}
         self._think_end_id = tokenizer.token_to_id(THINK_END)
+        self._think_start_id = tokenizer.token_to_id(THINK_START)
+        self._thinking_cache: dict[int, _Thinking | None] = {}
         self.breaks: list[PrefixBreak] = []
 
     # ------------------------------------------------------------------ public state
@@ -388,6 +426,7 @@ class ChatRenderer:
         other._pending = dict(self._pending) if self._pending is not None else None
         other.breaks = list(self.breaks)
         other._piece_cache = dict(self._piece_cache)
+        other._thinking_cache = dict(self._thinking_cache)
         return other
 
     def encode_content(self, text: str) -> list[int]:
@@ -422,8 +461,9 @@ class ChatRenderer:
 
     def start_generation(self) -> list[int]:
         """Commit the previous message's closing and the template's generation prompt (e.g.
-        ``<|im_start|>assistant\\n``); return the ids the model should condition on: the record
-        (``"keep"``/``"disabled"``) or the stripped view (``"strip"``), prompt included."""
+        ``<|im_start|>assistant\\n``); return the ids the model should condition on, prompt included:
+        :meth:`view` (the record in ``"keep"`` mode; what the template shows in ``"strip"`` and
+        ``"disabled"`` mode, which need not extend the previous prompt)."""
         self._check_open("start_generation")
         if self._pending is not None:
             raise ChatInputError("start_generation: a generation is already pending; call append_generated first")
@@ -497,33 +537,46 @@ class ChatRenderer:
         return RenderedChat(tuple(self._tokens), spans, tuple(s.index for s in spans if s.generated))
 
     def view(self) -> RenderedChat:
-        """What the model is shown at the next turn: the record, or in ``"strip"`` mode the record
-        with the thinking block of each assistant turn before the latest user query removed.
-        ``scored`` lists the generated turns after that query."""
-        if self.thinking != "strip":
+        """What the model is shown at the next turn: the record in ``"keep"`` mode; in ``"strip"``
+        and ``"disabled"`` mode what the template shows, i.e. the record with the thinking block of
+        each earlier assistant turn that Qwen3's template renders without one removed (see the
+        module docstring), the pending generation prompt included. ``scored`` lists the generated
+        turns this sequence is the generation context of."""
+        if self.thinking == "keep":
             return self.record()
-        queries = self._query_indices()
-        q = queries[-1] if queries else -1
-        return self._stripped(len(self._msgs), q, include_pending=True)
+        shown = self._bare_in_context(len(self._msgs))
+        scored = tuple(i for i, m in enumerate(self._msgs)
+                       if m.generated and i not in shown and self._bare_in_context(i) == shown & set(range(i)))
+        return self._shown(len(self._msgs), shown, scored, include_pending=True)
 
     def scoring_views(self) -> list[RenderedChat]:
         """The sequences to teacher-force for training, each with its loss mask.
 
-        ``"keep"``/``"disabled"``: ``[record()]``. ``"strip"``: one sequence per user query that
-        has generated turns after it: the conversation up to the next user query, turns before this
-        query stripped of thinking, scoring only this query's generated turns — the context each of
-        those turns was generated in. Generated turns before the first user query get their own
-        unstripped sequence.
+        ``"keep"``: ``[record()]``. ``"strip"``/``"disabled"``: generated turns are grouped into runs
+        of consecutive turns whose generation contexts extend one another (the template showed the
+        same earlier turns without thinking to each of them); one sequence per run: the conversation
+        up to the next user query or the next run, with those turns stripped, scoring only the
+        run's turns. So each scored turn sits in exactly the context it was generated in. Qwen3
+        with thinking: one run per user query. Qwen3 with thinking disabled: one run per generated
+        turn of a tool-calling episode (each prompt drops the previous turn's empty think block).
         """
-        if self.thinking != "strip":
+        if self.thinking == "keep":
             return [self.record()]
+        runs: list[tuple[list[int], frozenset[int]]] = []
+        for j, m in enumerate(self._msgs):
+            if not m.generated:
+                continue
+            stripped = self._bare_in_context(j)
+            if runs and runs[-1][1] == stripped:
+                runs[-1][0].append(j)
+            else:
+                runs.append(([j], stripped))
         queries = self._query_indices()
-        bounds = [-1, *queries]
         views = []
-        for k, q in enumerate(bounds):
-            upto = bounds[k + 1] if k + 1 < len(bounds) else len(self._msgs)
-            if any(self._msgs[i].generated for i in range(max(q, 0), upto)):
-                views.append(self._stripped(upto, q, include_pending=False))
+        for k, (members, stripped) in enumerate(runs):
+            upto = runs[k + 1][0][0] if k + 1 < len(runs) else len(self._msgs)
+            upto = min([upto, *(q for q in queries if q > members[-1])])
+            views.append(self._shown(upto, stripped, tuple(members), include_pending=False))
         return views
 
     def _query_indices(self) -> list[int]:
@@ -534,6 +587,41 @@ class ChatRenderer:
             if m.role == "user" and not (c.startswith("<tool_response>") and c.endswith("</tool_response>")):
                 out.append(i)
         return out
+
+    def _thinking_of(self, i: int) -> _Thinking | None:
+        """Where assistant message ``i``'s thinking block lies in its tokens (the generation prompt's
+        block in its prefix, or a generated block in its content), or ``None`` if it has none."""
+        if i in self._thinking_cache:
+            return self._thinking_cache[i]
+        m = self._msgs[i]
+        info = None
+        if m.role == "assistant":
+            prefix = self.tokenizer.decode(self._tokens[m.start:m.content_start])
+            content = self.tokenizer.decode(self._tokens[m.content_start:m.content_end])
+            k = prefix.rfind(THINK_START)
+            block = _PREFIX_THINKING.fullmatch(prefix, k) if k >= 0 else None
+            if THINK_END in content:
+                reasoning = content.split(THINK_END)[0].split(THINK_START)[-1].strip("\n")
+                info = _Thinking(reasoning, prefix[:block.start()] if block else None, True)
+            elif block:
+                info = _Thinking(block.group(1).strip("\n"), prefix[:block.start()], False)
+        self._thinking_cache[i] = info
+        return info
+
+    def _bare_in_context(self, j: int) -> frozenset[int]:
+        """The assistant messages before ``j`` that Qwen3's template shows without their thinking
+        block when it renders messages ``[0, j)`` (for the generation of message ``j``): those before
+        the latest user query, and those with an empty reasoning other than the last message (the
+        template writes a block only for turns after the latest query that have a reasoning or are
+        last)."""
+        queries = [q for q in self._query_indices() if q < j]
+        latest = queries[-1] if queries else -1
+        out = set()
+        for i in range(j):
+            info = self._thinking_of(i)
+            if info is not None and (i < latest or (not info.reasoning and i != j - 1)):
+                out.add(i)
+        return frozenset(out)
 
     def _strip_content(self, m: _Msg) -> list[int]:
         """Content tokens of an assistant turn without its thinking block: the generated tokens after
@@ -549,29 +637,37 @@ class ChatRenderer:
                     return ids[j:]
         return self.tokenizer.encode(visible)
 
-    def _stripped(self, upto: int, query: int, *, include_pending: bool) -> RenderedChat:
-        """Messages ``[0, upto)`` with the thinking of assistant turns before message ``query``
-        removed; scores the generated turns from ``query`` on."""
+    def _strip_prefix(self, m: _Msg, bare: str) -> list[int]:
+        """Prefix tokens of an assistant turn without the thinking block that ends its prefix: the
+        tokens before ``<think>`` verbatim when they decode to ``bare``, else ``bare`` encoded."""
+        ids = self._tokens[m.start:m.content_start]
+        if self._think_start_id is not None and self._think_start_id in ids:
+            k = len(ids) - 1 - ids[::-1].index(self._think_start_id)
+            if self.tokenizer.decode(ids[:k]) == bare:
+                return ids[:k]
+        return self._encode_piece(bare, template=True)
+
+    def _shown(self, upto: int, stripped: frozenset[int], scored: tuple[int, ...], *,
+               include_pending: bool) -> RenderedChat:
+        """Messages ``[0, upto)`` with the thinking blocks of the messages in ``stripped`` removed."""
         tokens: list[int] = []
         spans: list[MessageSpan] = []
         for i, m in enumerate(self._msgs[:upto]):
-            seg = self._tokens[m.start:m.end]
             at = len(tokens)
-            if i < query and m.role == "assistant" and THINK_END in self.tokenizer.decode(
-                    self._tokens[m.content_start:m.content_end]):
-                content = self._strip_content(m)
-                cs, ce = m.content_start - m.start, m.content_end - m.start
-                seg = seg[:cs] + content + seg[ce:]
-                stop = m.generated_end - m.content_end if m.generated else 0
-                span = MessageSpan(i, m.role, at, at + len(seg), at + cs, at + cs + len(content), m.generated,
-                                   at + cs + len(content) + stop if m.generated else at + cs)
-            else:
-                span = m.span(i).shifted(at - m.start)
-            tokens.extend(seg)
-            spans.append(span)
+            info = self._thinking_of(i) if i in stripped else None
+            if info is None:
+                tokens.extend(self._tokens[m.start:m.end])
+                spans.append(m.span(i).shifted(at - m.start))
+                continue
+            prefix = self._tokens[m.start:m.content_start] if info.bare_prefix is None else \
+                self._strip_prefix(m, info.bare_prefix)
+            content = self._strip_content(m) if info.in_content else self._tokens[m.content_start:m.content_end]
+            tokens.extend(prefix + content + self._tokens[m.content_end:m.end])
+            cs, ce = at + len(prefix), at + len(prefix) + len(content)
+            spans.append(MessageSpan(i, m.role, at, len(tokens), cs, ce, m.generated,
+                                     ce + (m.generated_end - m.content_end) if m.generated else cs))
         if include_pending and upto == len(self._msgs) and self._pending is not None:
             tokens.extend(self._tokens[self._pending["start"]:])
-        scored = tuple(i for i in range(max(query, 0), upto) if self._msgs[i].generated)
         return RenderedChat(tuple(tokens), tuple(spans), scored)
 
     # ------------------------------------------------------------------ internals: input checks
