@@ -320,6 +320,25 @@ def test_generated_tokens_kept_verbatim(tok):
     assert tok.decode(chat.tokens) == r.render_text(r.messages) and r.breaks == []
 
 
+def test_stop_token_completing_a_character(tok):
+    """A stop id that is a byte token, completing the character the content's last token began: the
+    tokens are kept verbatim, the message's content is the decoded text cut at the content's decoded
+    length, and the conversation renders as the template renders it."""
+    lead, trail = tok.token_to_id("\u00c3"), tok.token_to_id("\u00a9")  # the bytes of "é" (C3 A9)
+    assert tok.decode([lead]) == "\ufffd" and tok.decode([lead, trail]) == "é"
+    r = ChatRenderer(tok, stop_token_ids=[trail, _end(tok)])
+    r.add({"role": "user", "content": "hi"})
+    r.start_generation()
+    ids = tok.encode("caf") + [lead, trail]
+    span = r.append_generated(ids)
+    assert span.generated_end == span.content_end + 1 and r.messages[1] == {"role": "assistant", "content": "café"}
+    r.add({"role": "user", "content": "ok"})
+    chat = r.finish()
+    assert list(chat.tokens[span.content_start:span.generated_end]) == ids and r.breaks == []
+    assert tok.decode(chat.tokens) == r.render_text(r.messages)
+    _check_spans(chat)
+
+
 def test_truncated_generation_is_closed_by_template_tokens(tok):
     r = ChatRenderer(tok)
     r.add({"role": "user", "content": "hi"})
@@ -545,8 +564,10 @@ def test_qwen3_disabled(tok3):
     # The template drops turn 1's block from the render once message 2 arrives: a PrefixBreak, recorded
     # at its first event (later renders differ from the record first at the same place).
     assert [b.message_index for b in r.breaks] == [2]
-    b = r.breaks[0]
-    assert "</think>\n\n<tool_call>" in b.committed and b.template.endswith("</tool_call><|i")
+    b = r.breaks[0]  # reported from the start of the committed <think> token, not from inside its text
+    assert b.committed.startswith(empty + "<tool_call>") and b.template.startswith("<tool_call>\n")
+    assert any(len(tok3.decode(chat.tokens[:k])) == b.position for k in range(len(chat.tokens)))
+    assert tok3.decode(chat.tokens)[b.position:].startswith(b.committed)
     # After finish the view is the template's render of the whole conversation (the last turn keeps
     # its block: Qwen3 writes one on the last assistant turn).
     assert tok3.decode(r.view().tokens) == r.render_text(r.messages) and r.view().scored == (5,)
@@ -695,6 +716,8 @@ def test_errors_name_field_value_expected(tok, fixtures_dir):
         r.add({"role": "user", "content": 3})
     with pytest.raises(ChatInputError, match=r"messages\[0\]\.tool_calls\[0\]: tool call 0: 'name' must be"):
         r.add({"role": "assistant", "content": "", "tool_calls": [{"arguments": {}}]})
+    with pytest.raises(ChatInputError, match=r"messages\[0\]\.tool_calls\[1\]: expected a ToolCall or a dict, got str"):
+        r.add({"role": "assistant", "content": "", "tool_calls": [ToolCall("a", {}), "get_order"]})
     with pytest.raises(ChatInputError, match=r"messages\[0\]\.tool_calls: only assistant"):
         r.add({"role": "user", "content": "", "tool_calls": [ToolCall("a", {})]})
     with pytest.raises(ChatInputError, match="no generation is pending"):
@@ -758,6 +781,18 @@ def test_parse_assistant_cases():
         parse_assistant(None)
 
 
+def test_tool_calls_are_hashable():
+    """Equal calls (dict equality of the arguments, key order and 1 == 1.0 included) hash equally, so
+    calls dedupe in sets and key a cache of tool results."""
+    a = ToolCall("search", {"query": "x", "filters": [{"in_stock": True}, None], "limit": 2})
+    b = ToolCall("search", {"limit": 2.0, "filters": [{"in_stock": True}, None], "query": "x"})
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != ToolCall("search", {"query": "y"}) and len({a, ToolCall("search", {"query": "y"})}) == 2
+    cache = {a: "3 results"}
+    parsed = parse_assistant(format_tool_call(b)).tool_calls[0]
+    assert parsed is not b and cache[parsed] == "3 results"
+
+
 _TAGS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "{", "}", '"name"', '"arguments"', ":", "\n", "[", "]"]
 
 
@@ -787,6 +822,7 @@ def test_parse_assistant_round_trip(content, calls, thinking):
         text = f"<think>\n{thinking}\n</think>\n\n{text}"
     p = parse_assistant(text)
     assert p.tool_calls == tuple(calls) and p.errors == () and p.content == content.strip()
+    assert hash(p.tool_calls) == hash(tuple(calls))
     assert p.thinking == (None if thinking is None else thinking.strip("\n"))
 
 

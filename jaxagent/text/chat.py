@@ -195,7 +195,9 @@ class PrefixBreak:
     Attributes:
       message_index: the first message being added (or the assistant turn a generation prompt
         opens, or ``len(messages)`` at ``finish``).
-      position: character offset of the first difference in the committed text.
+      position: character offset, in the committed text, of the start of the committed token that
+        holds the first difference (so it never falls inside a special token's text such as
+        ``<think>``); the two texts agree before it.
       committed, template: up to 80 characters of each text from that offset.
     """
 
@@ -388,6 +390,7 @@ class ChatRenderer:
         self._think_start_id = tokenizer.token_to_id(THINK_START)
         self._thinking_cache: dict[int, _Thinking | None] = {}
         self.breaks: list[PrefixBreak] = []
+        self._break_at: set[int] = set()  # first-difference offsets already recorded
 
     # ------------------------------------------------------------------ public state
     @property
@@ -425,6 +428,7 @@ class ChatRenderer:
         other._tokens = list(self._tokens)
         other._pending = dict(self._pending) if self._pending is not None else None
         other.breaks = list(self.breaks)
+        other._break_at = set(self._break_at)
         other._piece_cache = dict(self._piece_cache)
         other._thinking_cache = dict(self._thinking_cache)
         return other
@@ -488,7 +492,10 @@ class ChatRenderer:
         content_ids = ids[:-1] if stopped else ids
         full_text = self.tokenizer.decode(ids)
         content_text = self.tokenizer.decode(content_ids)
-        if not full_text.startswith(content_text):  # a stop token completing a split character: keep it simple
+        if not full_text.startswith(content_text):
+            # The stop token completes a character that the content's last tokens began (a stop id that
+            # is a byte token, not a special token): the content's text is the full text cut at the
+            # content's decoded length, so the committed text stays the decoded tokens.
             content_text = full_text[:len(content_text)]
         start, prompt_end = self._pending["start"], self._pending["prompt_end"]
         text_start = len(self._text)
@@ -710,9 +717,13 @@ class ChatRenderer:
                 raise ChatInputError(f"{where}.tool_calls: expected a list, got {type(calls).__name__}")
             norm = []
             for j, call in enumerate(calls):
-                parsed = call if isinstance(call, ToolCall) else tool_call_from_dict(call, index=j) \
-                    if isinstance(call, Mapping) else ToolCallError("not_an_object", f"got {type(call).__name__}",
-                                                                    repr(call), j)
+                if isinstance(call, ToolCall):
+                    parsed = call
+                elif isinstance(call, Mapping):
+                    parsed = tool_call_from_dict(call, index=j)
+                else:
+                    parsed = ToolCallError("not_an_object", f"expected a ToolCall or a dict, got "
+                                                            f"{type(call).__name__}", repr(call), j)
                 if isinstance(parsed, ToolCallError):
                     raise ChatInputError(f"{where}.tool_calls[{j}]: {parsed.message}")
                 norm.append(parsed.to_dict())
@@ -741,6 +752,20 @@ class ChatRenderer:
             if s not in avoid:
                 return s
         raise ChatTemplateError("could not choose a sentinel string absent from the conversation")
+
+    def _token_boundary(self, at: int) -> int:
+        """The start, in the committed text, of the committed token that holds character ``at``: the
+        longest decoded token prefix no longer than ``at`` (binary search), or ``at`` itself where
+        that decoded prefix is not a prefix of the committed text."""
+        lo, hi = 0, len(self._tokens)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(self.tokenizer.decode(self._tokens[:mid])) <= at:
+                lo = mid
+            else:
+                hi = mid - 1
+        text = self.tokenizer.decode(self._tokens[:lo])
+        return len(text) if self._text.startswith(text) else at
 
     def _encode_piece(self, text: str, template: bool) -> list[int]:
         if not template:
@@ -973,8 +998,11 @@ class ChatRenderer:
             cursor = len(N)
 
         # Commit (nothing above changed any state).
-        if brk is not None and not any(b.position == brk.position for b in self.breaks):
-            self.breaks.append(brk)  # a difference already recorded persists in later renders: once
+        if brk is not None and brk.position not in self._break_at:
+            # A difference already recorded persists in later renders: record it once.
+            self._break_at.add(brk.position)
+            at = self._token_boundary(brk.position)
+            self.breaks.append(PrefixBreak(brk.message_index, at, _excerpt(self._text, at), _excerpt(N, at)))
         for text, owner, kind in pieces:
             ids = self._encode_piece(text, template=(kind != "content"))
             t0 = len(self._tokens)

@@ -26,12 +26,22 @@ THINK_START, THINK_END = "<think>", "</think>"
 CALL_START, CALL_END = "<tool_call>", "</tool_call>"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=True)
 class ToolCall:
-    """One function call: ``name`` and its JSON-object ``arguments``."""
+    """One function call: ``name`` and its JSON-object ``arguments``.
+
+    Equal when the names and the arguments are equal (Python equality of the decoded JSON, so
+    ``{"n": 1}`` equals ``{"n": 1.0}``). Hashable, with a hash consistent with that equality (of a
+    frozen copy of the arguments: objects as frozensets of items, arrays as tuples), so calls can be
+    set members and dict keys, e.g. to cache tool results. Do not mutate the ``arguments`` of a call
+    that is in a set or a dict.
+    """
 
     name: str
     arguments: dict[str, Any]
+
+    def __hash__(self) -> int:
+        return hash((self.name, _frozen(self.arguments)))
 
     def to_dict(self) -> dict[str, Any]:
         """OpenAI / transformers message form: ``{"type": "function", "function": {...}}``."""
@@ -80,6 +90,15 @@ class ParsedAssistant:
     def ok(self) -> bool:
         """No malformed tool call and no unclosed thinking block."""
         return not self.errors and self.thinking_closed
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable copy of a JSON value whose hash agrees with Python equality of the original."""
+    if isinstance(value, Mapping):
+        return frozenset((k, _frozen(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
 
 
 def format_tool_call(call: ToolCall) -> str:
