@@ -106,8 +106,8 @@ and the sequences to train on (:meth:`~ChatRenderer.scoring_views`).
   whose generation contexts extend one another, one sequence per run, scoring only that run's
   turns — exactly the contexts the model generated them in (one sequence per user query with
   thinking; one per generated turn of a tool-calling episode with thinking disabled).
-  Why show the template's history: it is the distribution the model was trained on and what a
-  server applying the chat template would send. For a prefix-stable conversation without thinking
+  Why show the template's history: it is the history format the checkpoint's chat template
+  defines, and what a server applying that template would send. For a prefix-stable conversation without thinking
   in which the model keeps seeing the empty blocks, use ``thinking="keep"`` with
   ``template_kwargs={"enable_thinking": False}``.
 
