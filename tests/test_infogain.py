@@ -157,3 +157,28 @@ def test_bad_input_errors():
         compute_infogain(p, batch, [], config=CFG)
     with pytest.raises(ValueError, match="packed_len=8: expected >= the trajectory length 16"):
         infogain_shared_prefix(p, batch, jnp.asarray(PH), config=CFG, packed_len=8)
+
+
+def test_infogain_feeds_fusion():
+    """The shared-prefix r_info, fused with the outcome advantage: identical advantages to the
+    naive r_info, non-zero info credit on the tokens of each valid turn's action."""
+    from jaxagent.credit import GRPOConfig, InfoPOConfig, fuse
+
+    batch = synthetic_batch(np.random.default_rng(5), batch=4, length=48, turns=4, vocab=64, groups=2)
+    p = _params()
+    cfgi = InfoPOConfig(beta=0.5, gate_temperature=0.5)
+    a_sp, diag = fuse(batch, compute_infogain(p, batch, PH, config=CFG).r_info_BT, cfgi, None, GRPOConfig())
+    a_nv, _ = fuse(batch, compute_infogain(p, batch, PH, config=CFG, mode="naive").r_info_BT, cfgi, None,
+                   GRPOConfig())
+    np.testing.assert_allclose(np.asarray(a_sp), np.asarray(a_nv), atol=1e-5)
+    a_ext, _ = fuse(batch, jnp.zeros_like(batch.action_span_BT2[..., 0], jnp.float32), None, None, GRPOConfig())
+    valid = np.asarray(diag["info_valid_BT"])
+    groups = np.asarray(batch.group_id_B)
+    per_group = {g: valid[groups == g].sum() for g in set(groups.tolist())}
+    assert max(per_group.values()) >= 2
+    turn_idx, loss = np.asarray(batch.turn_idx_BL), np.asarray(batch.loss_mask_BL)
+    for b, t in zip(*np.nonzero(valid)):
+        if per_group[groups[b]] < 2:  # one valid turn in the group: its normalised credit is 0
+            continue
+        toks = (turn_idx[b] == t) & (loss[b] > 0)
+        assert np.abs(np.asarray(a_sp)[b, toks] - np.asarray(a_ext)[b, toks]).max() > 0

@@ -10,6 +10,8 @@ from jaxagent.credit.fusion import (
     normalize_turn_rewards,
     variance_gate,
 )
+from jaxagent.credit.batch import CreditBatch
+from jaxagent.credit.infogain import InfoGainOutput, compute_infogain, packed_length
 from jaxagent.credit.grpo import (
     GroupStats,
     GRPOConfig,
@@ -50,6 +52,10 @@ from jaxagent.credit.reaction import (
 
 __all__ = [
     "AGG_MODES",
+    "CreditBatch",
+    "InfoGainOutput",
+    "compute_infogain",
+    "packed_length",
     "DEFAULT_POLARITY",
     "DPO_LOSS_TYPES",
     "KL_ESTIMATORS",

@@ -37,6 +37,7 @@ import numpy as np
 from flax import struct
 
 from jaxagent.credit.batch import CreditBatch
+from jaxagent.credit.fusion import infogain_valid_turns
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.qwen import Params, token_logprobs
 
@@ -53,16 +54,6 @@ class InfoGainOutput:
     action_len_BT: jax.Array  # |a_{t+1}|
     factual_logp_BL: jax.Array | None = None  # next-token log-probs of the trajectories (shared_prefix)
     tokens_processed: int = struct.field(pytree_node=False, default=0)  # tokens run through the model
-
-
-def infogain_valid_turns(batch: CreditBatch) -> jax.Array:
-    """valid_BT: turn t has an action, non-empty feedback content, and a next action."""
-    fb = batch.feedback_span_BT2
-    nonempty = fb[..., 1] > fb[..., 0]
-    nxt = jnp.concatenate([batch.turn_valid_BT[:, 1:], jnp.zeros_like(batch.turn_valid_BT[:, :1])], axis=1)
-    nxt_act = batch.action_span_BT2[:, 1:, 1] > batch.action_span_BT2[:, 1:, 0]
-    nxt_act = jnp.concatenate([nxt_act, jnp.zeros_like(nxt_act[:, :1])], axis=1)
-    return batch.turn_valid_BT & nonempty & nxt & nxt_act
 
 
 def _next_action_span(batch: CreditBatch) -> jax.Array:
@@ -318,6 +309,19 @@ def infogain_naive(
                    tokens_processed=processed)
 
 
+__all__ = [
+    "InfoGainOutput",
+    "compute_infogain",
+    "counterfactual_histories",
+    "infogain_naive",
+    "infogain_shared_prefix",
+    "infogain_valid_turns",
+    "infogain_vmapped",
+    "packed_length",
+    "shared_prefix_layout",
+]
+
+
 def compute_infogain(
     params: Params,
     batch: CreditBatch,
@@ -331,7 +335,9 @@ def compute_infogain(
     attn_impl: str = "xla",
 ) -> InfoGainOutput:
     """Dispatches to one of the three modes (host entry point; the vmapped and shared-prefix
-    modes are single jitted calls)."""
+    modes are single jitted calls). ``mode`` and ``placeholder_mode`` are `InfoPOConfig`'s
+    fields of the same names; ``ph_ids`` is its ``placeholder`` tokenised as the feedback's
+    content would be (e.g. `ChatRenderer.encode_content`)."""
     if mode not in ("naive", "vmapped", "shared_prefix"):
         raise ValueError(f"mode={mode!r}: expected 'naive', 'vmapped' or 'shared_prefix'")
     if placeholder_mode not in ("replace", "overwrite"):
