@@ -1,0 +1,270 @@
+"""One record per episode, token-in/token-out, and the collator to the credit batch (host code).
+
+A `Trajectory` is built from the `RenderedChat` a `ChatRenderer` finished (the tokens exactly as
+the model saw and produced them) plus what the environment reported. From the message spans it
+derives:
+
+- **action turns**: each generated assistant message; its span is the model's tokens
+  (``content_start .. generated_end``: the stop token included, the template's prefix excluded);
+- **feedback after action t**: the content of the messages between action t and the next action
+  (user messages or tool results). Several consecutive messages (e.g. two tool results) form one
+  observation whose span runs from the first content's start to the last content's end (the
+  template tokens between them included: InfoPO replaces the observation as a unit);
+- **U2U segments**: the actions between one user message and the next user message; segment q
+  is followed by the reaction label of the user message that ends it (tool results do not end a
+  segment). Actions before the first user message belong to no segment.
+
+Per-token ``logprobs`` are aligned with ``tokens``: entry i is log pi(tokens[i] | tokens[:i])
+under the policy that sampled it (0 where the token was not generated). `collate` pads a list of
+records into the `CreditBatch` plus the old log-probs, and `to_jsonl`/`from_jsonl` write and read
+a run's records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.credit.batch import CreditBatch
+from jaxagent.credit.reaction import polarity_of
+from jaxagent.text.chat import RenderedChat
+
+Termination = Literal["done", "max_turns", "max_tokens", "simulator_failure", "format_error", "timeout"]
+TERMINATIONS = ("done", "max_turns", "max_tokens", "simulator_failure", "format_error", "timeout")
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """A message in the token list (half-open token ranges)."""
+
+    role: str
+    start: int
+    end: int
+    content_start: int
+    content_end: int
+    generated: bool = False
+    generated_end: int = 0
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """Everything one episode produced; see the module docstring for the derived structure."""
+
+    task_id: str
+    group_id: int
+    tokens: list[int]
+    logprobs: list[float]
+    spans: list[Span]
+    turn_rewards: list[float]  # per action turn (environment step rewards)
+    outcome_reward: float
+    reaction_labels: list[str | None]  # per message (None where the message is not a user message)
+    termination: Termination = "done"
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if len(self.logprobs) != len(self.tokens):
+            raise ValueError(f"logprobs: length {len(self.logprobs)}, expected len(tokens)={len(self.tokens)}")
+        if len(self.reaction_labels) != len(self.spans):
+            raise ValueError(f"reaction_labels: length {len(self.reaction_labels)}, expected one per span "
+                             f"({len(self.spans)})")
+        if self.termination not in TERMINATIONS:
+            raise ValueError(f"termination={self.termination!r}: expected one of {TERMINATIONS}")
+        if len(self.turn_rewards) != len(self.action_spans()):
+            raise ValueError(f"turn_rewards: length {len(self.turn_rewards)}, expected one per action turn "
+                             f"({len(self.action_spans())})")
+
+    # ------------------------------------------------------------------ derived structure
+    def loss_mask(self) -> np.ndarray:
+        """1 on the model's tokens (every generated message, stop tokens included), 0 elsewhere."""
+        mask = np.zeros(len(self.tokens), np.int32)
+        for s in self.spans:
+            if s.generated:
+                mask[s.content_start : s.generated_end] = 1
+        return mask
+
+    def _action_indices(self) -> list[int]:
+        return [i for i, s in enumerate(self.spans) if s.generated]
+
+    def action_spans(self) -> list[tuple[int, int]]:
+        return [(self.spans[i].content_start, self.spans[i].generated_end) for i in self._action_indices()]
+
+    def feedback_spans(self) -> list[tuple[int, int]]:
+        """Per action turn, the content span of the observation that follows it (empty if none)."""
+        acts = self._action_indices()
+        out = []
+        for k, i in enumerate(acts):
+            nxt = acts[k + 1] if k + 1 < len(acts) else len(self.spans)
+            between = [s for s in self.spans[i + 1 : nxt] if s.role in ("user", "tool")]
+            if between:
+                out.append((between[0].content_start, between[-1].content_end))
+            else:
+                end = self.spans[i].end
+                out.append((end, end))
+        return out
+
+    def segments(self) -> list[tuple[list[int], str | None]]:
+        """U2U segments: (action turn indices, the reaction label of the user message ending it);
+        a segment that no user message ends gets label None."""
+        out: list[tuple[list[int], str | None]] = []
+        current: list[int] | None = None
+        turn = 0
+        for i, s in enumerate(self.spans):
+            if s.generated:
+                if current is not None:
+                    current.append(turn)
+                turn += 1
+            elif s.role == "user":
+                if current:
+                    out.append((current, self.reaction_labels[i]))
+                current = []
+        if current:
+            out.append((current, None))
+        return out
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_rendered(
+        cls,
+        record: RenderedChat,
+        *,
+        task_id: str,
+        group_id: int,
+        generated_logprobs: Sequence[Sequence[float]],
+        turn_rewards: Sequence[float],
+        outcome_reward: float,
+        reaction_labels: Mapping[int, str] | None = None,
+        termination: Termination = "done",
+        timings: Mapping[str, float] | None = None,
+        info: Mapping[str, Any] | None = None,
+    ) -> Trajectory:
+        """A record from a finished `RenderedChat`. ``generated_logprobs[k]`` are the policy
+        log-probs of the k-th generated message's tokens (as `generate` returned them, stop token
+        included); ``reaction_labels`` maps message index -> the user's private label."""
+        spans = [Span(s.role, s.start, s.end, s.content_start, s.content_end, s.generated, s.generated_end)
+                 for s in record.spans]
+        logprobs = np.zeros(len(record.tokens), np.float64)
+        gen = [s for s in spans if s.generated]
+        if len(gen) != len(generated_logprobs):
+            raise ValueError(f"generated_logprobs: {len(generated_logprobs)} lists, expected one per generated "
+                             f"message ({len(gen)})")
+        for k, (s, lp) in enumerate(zip(gen, generated_logprobs)):
+            n = s.generated_end - s.content_start
+            if len(lp) != n:
+                raise ValueError(f"generated_logprobs[{k}]: {len(lp)} values, expected {n} (the message's tokens)")
+            logprobs[s.content_start : s.generated_end] = lp
+        labels = [None] * len(spans)
+        for i, label in (reaction_labels or {}).items():
+            if not 0 <= i < len(spans) or spans[i].role != "user":
+                raise ValueError(f"reaction_labels[{i}]: expected the index of a user message")
+            labels[i] = label
+        return cls(task_id=task_id, group_id=int(group_id), tokens=list(record.tokens), logprobs=logprobs.tolist(),
+                   spans=spans, turn_rewards=[float(r) for r in turn_rewards], outcome_reward=float(outcome_reward),
+                   reaction_labels=labels, termination=termination, timings=dict(timings or {}),
+                   info=dict(info or {}))
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["spans"] = [dataclasses.asdict(s) for s in self.spans]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Trajectory:
+        d = dict(d)
+        d["spans"] = [Span(**s) for s in d["spans"]]
+        return cls(**d)
+
+
+def to_jsonl(records: Iterable[Trajectory], path: str | Path) -> Path:
+    """Writes one JSON object per line (atomically: a temporary file renamed into place)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        for r in records:
+            f.write(json.dumps(r.to_dict(), separators=(",", ":")) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def from_jsonl(path: str | Path) -> list[Trajectory]:
+    out = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(Trajectory.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError, KeyError) as e:
+                raise ValueError(f"{path}:{n}: not a trajectory record ({e})") from None
+    return out
+
+
+def collate(
+    records: Sequence[Trajectory],
+    *,
+    length: int | None = None,
+    turns: int | None = None,
+    multiple: int = 64,
+    polarity: Mapping[str, float] | None = None,
+) -> tuple[CreditBatch, np.ndarray]:
+    """Pads records into a `CreditBatch` and the old log-probs [B, L] (entry i scores token i).
+
+    ``length`` defaults to the longest record rounded up to ``multiple`` (a static shape);
+    ``turns`` to the most action turns. Segment polarities come from the reaction labels through
+    `jaxagent.credit.reaction.polarity_of` (``polarity`` overrides the default map).
+    """
+    if not records:
+        raise ValueError("records: empty; expected at least one trajectory")
+    B = len(records)
+    longest = max(len(r.tokens) for r in records)
+    L = length or -(-longest // multiple) * multiple
+    if longest > L:
+        raise ValueError(f"length={L}: shorter than the longest record ({longest} tokens)")
+    T = turns or max(1, max(len(r.action_spans()) for r in records))
+    Q = max(1, max(len(r.segments()) for r in records))
+    tokens = np.zeros((B, L), np.int32)
+    pad = np.zeros((B, L), np.int32)
+    loss = np.zeros((B, L), np.float32)
+    old_lp = np.zeros((B, L), np.float32)
+    turn_idx = np.full((B, L), -1, np.int32)
+    seg_idx = np.full((B, L), -1, np.int32)
+    act = np.zeros((B, T, 2), np.int32)
+    fb = np.zeros((B, T, 2), np.int32)
+    tv = np.zeros((B, T), bool)
+    pol = np.zeros((B, Q), np.float32)
+    sv = np.zeros((B, Q), bool)
+    for b, r in enumerate(records):
+        n = len(r.tokens)
+        tokens[b, :n] = r.tokens
+        pad[b, :n] = 1
+        loss[b, :n] = r.loss_mask()
+        old_lp[b, :n] = r.logprobs
+        spans = r.action_spans()
+        if len(spans) > T:
+            raise ValueError(f"turns={T}: record {b} ({r.task_id!r}) has {len(spans)} action turns")
+        for t, ((s, e), f) in enumerate(zip(spans, r.feedback_spans())):
+            act[b, t] = (s, e)
+            fb[b, t] = f
+            tv[b, t] = True
+            turn_idx[b, s:e] = t
+        for q, (members, label) in enumerate(r.segments()):
+            for t in members:
+                s, e = spans[t]
+                seg_idx[b, s:e] = q
+            sv[b, q] = label is not None
+            pol[b, q] = float(polarity_of([label], polarity)[0]) if label is not None else 0.0
+    batch = CreditBatch(
+        tokens_BL=jnp.asarray(tokens), pad_mask_BL=jnp.asarray(pad), loss_mask_BL=jnp.asarray(loss),
+        turn_idx_BL=jnp.asarray(turn_idx), action_span_BT2=jnp.asarray(act), feedback_span_BT2=jnp.asarray(fb),
+        turn_valid_BT=jnp.asarray(tv), segment_idx_BL=jnp.asarray(seg_idx),
+        segment_polarity_BQ=jnp.asarray(pol), segment_valid_BQ=jnp.asarray(sv),
+        reward_B=jnp.asarray([r.outcome_reward for r in records], jnp.float32),
+        # dense ids in [0, G): the group statistics index segment sums by them
+        group_id_B=jnp.asarray(np.unique([r.group_id for r in records], return_inverse=True)[1], jnp.int32),
+    )
+    return batch.check(), old_lp
