@@ -1,0 +1,97 @@
+"""The simulator protocol every environment implements (host code, asyncio).
+
+An episode: ``reset(task_id, seed)`` returns the opening messages (system prompt, the user's
+first request) and the tools the agent may call (OpenAI function schemas). Then, until
+``done``, the agent's message goes to ``step`` (text to the user and/or tool calls) and the
+environment answers with the next messages: a tool result per call and/or a user message that
+carries its private reaction label (never shown to the agent), a per-step reward, the done flag
+and an info dict. Several agent messages and tool calls may come between two user messages
+(a U2U segment).
+
+Malformed or unknown tool calls never raise: the environment answers them with a tool message
+that says what was wrong, and counts them in ``info["tool_errors"]``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any
+
+from jaxagent.text.toolcalls import ToolCall
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvMessage:
+    """A message from the environment: ``role`` is ``system``, ``user`` or ``tool``.
+
+    ``reaction`` is the simulated user's private strategy label (user messages only; kept off
+    the agent's tokens). ``tool_call_id`` names the call a tool message answers.
+    """
+
+    role: str
+    content: str
+    reaction: str | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def __post_init__(self):
+        if self.role not in ("system", "user", "tool"):
+            raise ValueError(f"EnvMessage.role={self.role!r}: expected 'system', 'user' or 'tool'")
+        if self.reaction is not None and self.role != "user":
+            raise ValueError(f"EnvMessage.reaction={self.reaction!r} on a {self.role!r} message: only user "
+                             "messages carry a reaction")
+
+    def to_chat(self) -> dict[str, Any]:
+        """The message as the agent's chat template sees it (no reaction label)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentMessage:
+    """What the agent produced in one turn: its text and the tool calls parsed from it
+    (``call_errors`` holds the reasons of calls that could not be parsed)."""
+
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    call_errors: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Reset:
+    messages: tuple[EnvMessage, ...]
+    tools: tuple[dict[str, Any], ...] = ()
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    messages: tuple[EnvMessage, ...]
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Environment(abc.ABC):
+    """One episode's environment. Implementations are cheap to construct: the rollout loop makes
+    one per episode (G per task), so they hold no shared mutable state."""
+
+    @abc.abstractmethod
+    async def reset(self, task_id: str, seed: int) -> Reset:
+        """Starts the episode for ``task_id`` (deterministic given ``seed``)."""
+
+    @abc.abstractmethod
+    async def step(self, message: AgentMessage) -> Step:
+        """Answers the agent's message; ``done`` ends the episode."""
+
+    def outcome_reward(self) -> float:
+        """The episode's final reward once done (default: the sum of step rewards is used)."""
+        return float("nan")
+
+    async def aclose(self) -> None:
+        """Releases resources (HTTP clients); the loop calls it when the episode ends."""
