@@ -1,0 +1,147 @@
+"""Intention gym: an underspecified request; hidden missing details of different importance.
+
+The user states a request and one detail; 2 to 4 of the remaining details are hidden and matter
+(importance 3, 2 or 1), the others do not. Asking about one detail (an ``action`` naming one detail
+word) reveals it (``provide_info``); a detail that does not matter gets "i do not mind"
+(``be_vague``); asking about several at once reveals nothing and costs ``MULTI_PENALTY``
+(``complain``). The ``answer`` is the final plan; reward = (importance of the hidden details whose
+value the answer states, and no other value of that detail) / (total importance)
+- ``MULTI_PENALTY`` per multi-question, floored at 0.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from jaxagent.envs.base import AgentMessage, EnvMessage
+from jaxagent.envs.gyms.common import ScriptedGym, act, answer, pick, tokenize
+
+MULTI_PENALTY = 0.25
+
+DOMAINS: dict[str, dict[str, tuple[str, ...]]] = {
+    "book a table": {"time": ("noon", "evening", "night"), "people": ("two", "four", "six"),
+                     "food": ("pizza", "sushi", "curry"), "area": ("town", "beach", "park"),
+                     "budget": ("cheap", "normal", "fancy")},
+    "plan a trip": {"city": ("paris", "rome", "tokyo"), "month": ("may", "june", "july"),
+                    "transport": ("train", "plane", "car"), "hotel": ("hostel", "inn", "resort"),
+                    "budget": ("cheap", "normal", "fancy")},
+    "buy a gift": {"person": ("mom", "dad", "friend"), "item": ("book", "watch", "scarf"),
+                   "color": ("red", "blue", "green"), "budget": ("cheap", "normal", "fancy"),
+                   "day": ("monday", "friday", "sunday")},
+    "fix my computer": {"system": ("windows", "linux", "mac"), "problem": ("slow", "crash", "noise"),
+                        "device": ("laptop", "desktop", "tablet"), "deadline": ("today", "tomorrow", "later"),
+                        "budget": ("cheap", "normal", "fancy")},
+}
+
+_TEXTS = ("you help the user . the details are : . ask the user about one detail at a time with action , "
+          "then give the final plan with answer , as detail value pairs .",
+          "i want to . the is .", "sent", "what is the ?",
+          "i do not mind . any is fine . what do you mean ? please ask about one detail . "
+          "please ask one thing at a time . i already told you , the is . "
+          "that covers it , thank you ! that is not what i wanted . you missed some details .")
+
+
+class IntentionGym(ScriptedGym):
+    name = "intention"
+    default_max_steps = 12
+    extra_words = frozenset(
+        w for text in (*_TEXTS, *DOMAINS, *(s for d in DOMAINS.values() for s in d),
+                       *(v for d in DOMAINS.values() for vs in d.values() for v in vs))
+        for w in tokenize(text))
+
+    @staticmethod
+    def generate(rng: random.Random) -> dict[str, Any]:
+        domain = pick(rng, sorted(DOMAINS))
+        slots = list(DOMAINS[domain])
+        rng.shuffle(slots)
+        stated, rest = slots[0], slots[1:]
+        n_hidden = rng.randint(2, 4)
+        hidden = rest[:n_hidden]
+        imps = [rng.randint(1, 3) for _ in hidden]
+        return {"domain": domain,
+                "values": {s: pick(rng, DOMAINS[domain][s]) for s in slots},
+                "stated": stated,
+                "importance": dict(zip(hidden, imps))}
+
+    @staticmethod
+    def signature(task) -> str:
+        return "|".join([task["domain"], task["stated"], *(f"{s}={task['values'][s]}" for s in sorted(task["values"])),
+                         *(f"{s}:{i}" for s, i in sorted(task["importance"].items()))])
+
+    def system_prompt(self) -> str:
+        slots = list(DOMAINS[self.task["domain"]])
+        return (f"you help the user . the details are : {' , '.join(slots)} . ask the user about one detail "
+                "at a time with action , then give the final plan with answer , as detail value pairs .")
+
+    def opening(self) -> str:
+        t = self.task
+        return f"i want to {t['domain']} . the {t['stated']} is {t['values'][t['stated']]} ."
+
+    def init_state(self):
+        return {"revealed": [], "multi": 0}
+
+    def on_action(self, content: str) -> EnvMessage:
+        words = set(tokenize(content))
+        asked = [s for s in DOMAINS[self.task["domain"]] if s in words]
+        t, st = self.task, self.state
+        if not asked:
+            return self.say("clarify_request", "what do you mean ? please ask about one detail .",
+                            "please ask about one detail .")
+        if len(asked) > 1:
+            st["multi"] += 1
+            return self.say("complain", "please ask one thing at a time .")
+        s = asked[0]
+        if s == t["stated"] or s in st["revealed"]:
+            return self.say("correct", f"i already told you , the {s} is {t['values'][s]} .")
+        if s not in t["importance"]:
+            return self.say("be_vague", "i do not mind .", f"any {s} is fine .")
+        st["revealed"].append(s)
+        return self.say("provide_info", f"the {s} is {t['values'][s]} .")
+
+    def score(self, content: str) -> float:
+        words = set(tokenize(content))
+        t = self.task
+        got = 0
+        for s, imp in t["importance"].items():
+            said = words & set(DOMAINS[t["domain"]][s])
+            if said == {t["values"][s]}:
+                got += imp
+        r = got / sum(t["importance"].values()) - MULTI_PENALTY * self.state["multi"]
+        return max(0.0, r)
+
+    def on_answer(self, content: str):
+        r = self.score(content)
+        if r >= 1.0:
+            return r, self.say("accept", "that covers it , thank you !")
+        return r, self.say("reject", "that is not what i wanted .", "you missed some details .")
+
+
+def expert_policy(env: IntentionGym) -> AgentMessage:
+    """Asks about each hidden detail, most important first, then states every known value."""
+    t, st = env.task, env.state
+    todo = sorted((s for s in t["importance"] if s not in st["revealed"]),
+                  key=lambda s: (-t["importance"][s], list(DOMAINS[t["domain"]]).index(s)))
+    if todo:
+        return act(f"what is the {todo[0]} ?")
+    known = [t["stated"], *st["revealed"]]
+    return answer(f"{t['domain']} : " + " , ".join(f"{s} {t['values'][s]}" for s in known) + " .")
+
+
+def random_policy(rng: random.Random | int):
+    """Asks about one or two random details or answers with random values (1 in 4)."""
+    rng = rng if isinstance(rng, random.Random) else random.Random(rng)
+
+    def policy(env: IntentionGym) -> AgentMessage:
+        slots = DOMAINS[env.task["domain"]]
+        names = sorted(slots)
+        u = rng.random()
+        if u < 0.25:
+            chosen = rng.sample(names, rng.randint(1, len(names)))
+            return answer(" , ".join(f"{s} {pick(rng, slots[s])}" for s in chosen) + " .")
+        if u < 0.4:
+            a, b = rng.sample(names, 2)
+            return act(f"what is the {a} and the {b} ?")
+        return act(f"what is the {pick(rng, names)} ?")
+
+    return policy
