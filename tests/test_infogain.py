@@ -182,3 +182,33 @@ def test_infogain_feeds_fusion():
             continue
         toks = (turn_idx[b] == t) & (loss[b] > 0)
         assert np.abs(np.asarray(a_sp)[b, toks] - np.asarray(a_ext)[b, toks]).max() > 0
+
+
+def test_packed_len_too_small_is_an_error_and_calls_reuse_the_compilation():
+    from jaxagent.credit import infogain as ig
+
+    batch = synthetic_batch(np.random.default_rng(2), batch=3, length=48, turns=4, vocab=64)
+    p = _params()
+    need = packed_length(batch, len(PH), multiple=1)
+    assert need > 48
+    with pytest.raises(ValueError, match=f"packed_len={need - 1}: expected >= {need}"):
+        compute_infogain(p, batch, PH, config=CFG, packed_len=need - 1)
+    compute_infogain(p, batch, PH, config=CFG)
+    before = ig._shared_prefix_jit._cache_size()
+    compute_infogain(p, batch, PH, config=CFG)
+    assert ig._shared_prefix_jit._cache_size() == before
+
+
+def test_batch_padding_rows_enter_no_group_statistic():
+    from jaxagent.credit import GRPOConfig, InfoPOConfig, fuse
+
+    batch = synthetic_batch(np.random.default_rng(6), batch=4, length=40, turns=3, vocab=64, groups=1)
+    r = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)), jnp.float32)
+    cfgi = InfoPOConfig()
+    a4, d4 = fuse(batch, r, cfgi, None, GRPOConfig())
+    # Append an all-padding row to the same group: nothing changes for the real rows.
+    pad = jax.tree.map(lambda x: jnp.concatenate([x, jnp.zeros_like(x[:1])], axis=0), batch)
+    a5, d5 = fuse(pad, jnp.concatenate([r, jnp.zeros((1, 3))]), cfgi, None, GRPOConfig())
+    np.testing.assert_allclose(np.asarray(a5[:4]), np.asarray(a4), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(d5["gate_B"][:4]), np.asarray(d4["gate_B"]), atol=1e-6)
+    assert (np.asarray(a5[4]) == 0).all()

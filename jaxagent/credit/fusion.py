@@ -150,16 +150,18 @@ def normalize_turn_rewards(
 
 
 def gate_per_group(
-    reward_B: jax.Array, group_id_B: jax.Array, temperature: float, *, num_groups: int | None = None
+    reward_B: jax.Array, group_id_B: jax.Array, temperature: float, *, num_groups: int | None = None,
+    valid_B: jax.Array | None = None,
 ) -> jax.Array:
-    """``g_G = sigmoid(-std_g(R) / temperature)`` per group (population std; 0.5 for an empty,
-    single-member or all-equal group). Returns float32 ``[G]``."""
-    stats = group_stats(reward_B, group_id_B, None, num_groups)
+    """``g_G = sigmoid(-std_g(R) / temperature)`` per group over its valid rows (population std;
+    0.5 for an empty, single-member or all-equal group). Returns float32 ``[G]``."""
+    stats = group_stats(reward_B, group_id_B, valid_B, num_groups)
     return jax.nn.sigmoid(-stats.std_G / temperature)
 
 
 def variance_gate(
-    reward_B: jax.Array, group_id_B: jax.Array, temperature: float, *, num_groups: int | None = None
+    reward_B: jax.Array, group_id_B: jax.Array, temperature: float, *, num_groups: int | None = None,
+    valid_B: jax.Array | None = None,
 ) -> jax.Array:
     """InfoPO's variance gate per rollout: ``g_B[i] = sigmoid(-std_{g(i)}(R_ext) / temperature)``.
 
@@ -170,7 +172,7 @@ def variance_gate(
     """
     gid_B = jnp.asarray(group_id_B, jnp.int32)
     G = gid_B.shape[0] if num_groups is None else int(num_groups)
-    g_G = gate_per_group(reward_B, gid_B, temperature, num_groups=G)
+    g_G = gate_per_group(reward_B, gid_B, temperature, num_groups=G, valid_B=valid_B)
     return jnp.where(in_range(gid_B, G), _gather(g_G, gid_B), 0.5)
 
 
@@ -212,7 +214,9 @@ def fuse(
     agent_BL = jnp.asarray(batch.loss_mask_BL) != 0
     zeros_BL = jnp.zeros((B, L), jnp.float32)
 
-    A_ext_B = grpo_advantage(batch.reward_B, batch.group_id_B, grpo)
+    # Batch-padding rows (no tokens) enter no group statistic and get no advantage.
+    row_valid_B = jnp.any(jnp.asarray(batch.pad_mask_BL) != 0, axis=-1)
+    A_ext_B = grpo_advantage(batch.reward_B, batch.group_id_B, grpo, valid_B=row_valid_B)
     use_ext = infopo is None or infopo.use_ext
     ext_BL = broadcast_to_tokens(A_ext_B, batch.loss_mask_BL) if use_ext else zeros_BL
     diag: dict[str, jax.Array] = {"A_ext_B": A_ext_B}
@@ -225,10 +229,10 @@ def fuse(
         valid_BT = infogain_valid_turns(batch)
         A_info_BT = normalize_turn_rewards(r_info_BT, valid_BT, batch.group_id_B, infopo.normalize_std, infopo.eps)
         A_info_BL = broadcast_turns(A_info_BT, batch.turn_idx_BL, batch.loss_mask_BL)
-        if infopo.use_gate:
-            gate_G = gate_per_group(batch.reward_B, batch.group_id_B, infopo.gate_temperature)
-            gate_B = variance_gate(batch.reward_B, batch.group_id_B, infopo.gate_temperature)
-        else:
+        if infopo.use_gate and infopo.use_ext:
+            gate_G = gate_per_group(batch.reward_B, batch.group_id_B, infopo.gate_temperature, valid_B=row_valid_B)
+            gate_B = variance_gate(batch.reward_B, batch.group_id_B, infopo.gate_temperature, valid_B=row_valid_B)
+        else:  # no gate, or A = A_info alone (no gate applied): report ones
             gate_G, gate_B = jnp.ones((B,), jnp.float32), jnp.ones((B,), jnp.float32)
         info_BL = infopo.beta * gate_B[:, None] * A_info_BL if infopo.use_ext else A_info_BL
         info_BL = jnp.where(agent_BL, info_BL, 0.0)
@@ -249,7 +253,7 @@ def fuse(
         diag["A_proc_BQ"] = A_proc_BQ
         telemetry = reaction_telemetry(
             batch.segment_polarity_BQ, batch.segment_valid_BQ, A_proc_BL, A_out_BL, batch.loss_mask_BL,
-            batch.reward_B, batch.group_id_B, faca.lam,
+            batch.reward_B, batch.group_id_B, faca.lam, valid_B=row_valid_B,
         )  # fmt: skip
         diag.update({f"faca/{k}": v for k, v in telemetry.items()})
         A_BL = A_out_BL + proc_BL

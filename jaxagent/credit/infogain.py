@@ -29,6 +29,7 @@ Shapes: B trajectories, L tokens, T turns, P placeholder tokens, Lp packed lengt
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import jax
@@ -72,14 +73,13 @@ def _replacement_len(batch: CreditBatch, P: int, placeholder_mode: PlaceholderMo
 def _sum_over_action(logp_next_BL: jax.Array, span_BT2: jax.Array) -> jax.Array:
     """sum_{i in [s, e)} log pi(token i | < i) = sum of next-token entries i-1, per (b, t).
 
-    A masked sum, not a difference of prefix sums: those would lose float32 precision to the
-    magnitude of everything before the span."""
+    A masked sum (``where``, so a non-finite value outside the span cannot leak in), not a
+    difference of prefix sums, which would lose float32 precision to everything before the span."""
     L = logp_next_BL.shape[1]
     per_token = jnp.concatenate([jnp.zeros_like(logp_next_BL[:, :1]), logp_next_BL[:, :-1]], axis=1)
     i = jnp.arange(L, dtype=jnp.int32)[None, None, :]
     inside = (i >= span_BT2[..., 0:1]) & (i < span_BT2[..., 1:2])  # [B, T, L]
-    return jnp.einsum("btl,bl->bt", inside.astype(per_token.dtype), per_token,
-                      precision=jax.lax.Precision.HIGHEST)
+    return jnp.sum(jnp.where(inside, per_token[:, None, :], 0.0), axis=-1)  # NaN outside never leaks
 
 
 def _finish(fact, cf, act_len, valid, **extra) -> InfoGainOutput:
@@ -246,6 +246,17 @@ def infogain_shared_prefix(
 
 
 # ---------------------------------------------------------------------------- naive (reference)
+@functools.lru_cache(maxsize=32)
+def _naive_scorer(config: QwenConfig, attn_impl: str):
+    return jax.jit(lambda p, x, m: token_logprobs(p, x, config=config, segment_ids_BL=m, attn_impl=attn_impl))
+
+
+_vmapped_jit = jax.jit(infogain_vmapped, static_argnames=("config", "placeholder_mode", "attn_impl", "chunk_size"))
+_shared_prefix_jit = jax.jit(
+    infogain_shared_prefix, static_argnames=("config", "packed_len", "placeholder_mode", "attn_impl", "chunk_size")
+)
+
+
 def infogain_naive(
     params: Params,
     batch: CreditBatch,
@@ -284,7 +295,7 @@ def infogain_naive(
     fact = np.zeros((B, T), np.float32)
     cf = np.zeros((B, T), np.float32)
     width = L + len(ph)
-    score = jax.jit(lambda p, x, m: token_logprobs(p, x, config=config, segment_ids_BL=m, attn_impl=attn_impl))
+    score = _naive_scorer(config, attn_impl)
 
     def run(seqs: list[list[int]]) -> np.ndarray:
         x = np.zeros((minibatch, width), np.int32)
@@ -348,10 +359,12 @@ def compute_infogain(
     if mode == "naive":
         return infogain_naive(params, batch, ph, config=config, placeholder_mode=placeholder_mode, attn_impl=attn_impl)
     if mode == "vmapped":
-        fn = jax.jit(lambda p, b, ph, f: infogain_vmapped(
-            p, b, ph, config=config, factual_logp_BL=f, placeholder_mode=placeholder_mode, attn_impl=attn_impl))
-        return fn(params, batch, jnp.asarray(ph), factual_logp_BL)
+        return _vmapped_jit(params, batch, jnp.asarray(ph), config=config, factual_logp_BL=factual_logp_BL,
+                            placeholder_mode=placeholder_mode, attn_impl=attn_impl)
+    need = packed_length(batch, int(ph.size), placeholder_mode, multiple=1)
     packed_len = packed_len or packed_length(batch, int(ph.size), placeholder_mode)
-    fn = jax.jit(lambda p, b, ph: infogain_shared_prefix(
-        p, b, ph, config=config, packed_len=packed_len, placeholder_mode=placeholder_mode, attn_impl=attn_impl))
-    return fn(params, batch, jnp.asarray(ph))
+    if packed_len < need:
+        raise ValueError(f"packed_len={packed_len}: expected >= {need}, the trajectories plus all their "
+                         "counterfactual suffixes (see packed_length)")
+    return _shared_prefix_jit(params, batch, jnp.asarray(ph), config=config, packed_len=packed_len,
+                              placeholder_mode=placeholder_mode, attn_impl=attn_impl)

@@ -186,6 +186,7 @@ def reaction_telemetry(
     lam: float,
     *,
     num_groups: int | None = None,
+    valid_B: jax.Array | None = None,
 ) -> dict[str, jax.Array]:
     """Faca telemetry (float32 scalars; 0 where a denominator is empty):
 
@@ -205,7 +206,7 @@ def reaction_telemetry(
     agent_BL = jnp.asarray(loss_mask_BL) != 0
     A_proc_BL = jnp.where(agent_BL, jnp.asarray(A_proc_BL, jnp.float32), 0.0)
     A_out_BL = jnp.where(agent_BL, jnp.asarray(A_out_BL, jnp.float32), 0.0)
-    stats = group_stats(reward_B, group_id_B, None, num_groups)
+    stats = group_stats(reward_B, group_id_B, valid_B, num_groups)  # valid_B: batch-padding rows excluded
     present_G = stats.count_G > 0
     proc_l1 = jnp.sum(jnp.abs(lam * A_proc_BL))
     return {
