@@ -1,0 +1,73 @@
+"""The in-flight generation engine: same tokens as the batch generator, more sessions than slots,
+prefix reuse across turns, and eviction falling back to a full prefill."""
+
+import asyncio
+
+import jax
+import numpy as np
+
+from jaxagent.models import init_params, preset
+from jaxagent.models.generate import SamplingParams, generate_from_prompts
+from jaxagent.rollout.engine import GenerationEngine
+
+CFG = preset("tiny-qwen3", vocab_size=64, max_position_embeddings=256)
+PARAMS = jax.tree.map(lambda x: x * 4 if x.ndim > 1 else x, init_params(jax.random.key(0), CFG))
+
+
+def _reference(prompt, sp, key):
+    out, _ = generate_from_prompts(PARAMS, [prompt], config=CFG, sampling=sp, key=key)
+    n = int(out.num_tokens[0])
+    return np.asarray(out.tokens[0, :n]).tolist(), np.asarray(out.logp_policy[0, :n])
+
+
+def test_more_sessions_than_slots_match_the_batch_generator():
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11, 12], [13, 14, 15]]
+    sps = [SamplingParams(temperature=0.0, max_new_tokens=5 + i, stop_tokens=(3,)) for i in range(len(prompts))]
+
+    async def main():
+        engine = GenerationEngine(PARAMS, CFG, slots=2, capacity=32)
+        keys = [jax.random.key(i) for i in range(len(prompts))]
+        return await asyncio.gather(*(engine.generate(f"s{i}", p, sp, k)
+                                      for i, (p, sp, k) in enumerate(zip(prompts, sps, keys))))
+
+    results = asyncio.run(main())
+    for i, (prompt, sp, res) in enumerate(zip(prompts, sps, results)):
+        toks, lp = _reference(prompt, sp, jax.random.key(0))
+        assert res.tokens == toks, i
+        np.testing.assert_allclose(res.logp_policy, lp, atol=1e-5)
+        assert res.stopped == (toks[-1] == 3)
+
+
+def test_sampling_uses_the_request_key_like_generate():
+    sp = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=6)
+
+    async def main():
+        engine = GenerationEngine(PARAMS, CFG, slots=3, capacity=32)
+        return await engine.generate("a", [1, 2, 3], sp, jax.random.fold_in(jax.random.key(5), 0))
+
+    res = asyncio.run(main())
+    toks, _ = _reference([1, 2, 3], sp, jax.random.key(5))  # row 0 of generate_from_prompts: fold_in(key, 0)
+    assert res.tokens == toks
+
+
+def test_prefix_reuse_across_turns_and_eviction():
+    sp = SamplingParams(temperature=0.0, max_new_tokens=4)
+
+    async def main():
+        engine = GenerationEngine(PARAMS, CFG, slots=1, capacity=64)
+        key = jax.random.key(0)
+        first = await engine.generate("a", [1, 2, 3, 4], sp, key)
+        turn2 = [1, 2, 3, 4] + first.tokens + [20, 21]
+        second = await engine.generate("a", turn2, sp, key)
+        # another session takes the only slot: "a" is evicted and must prefill in full
+        await engine.generate("b", [5, 6], sp, key)
+        turn3 = turn2 + second.tokens + [22]
+        third = await engine.generate("a", turn3, sp, key)
+        return first, second, third, turn2, turn3
+
+    first, second, third, turn2, turn3 = asyncio.run(main())
+    assert first.prefill_tokens == 4
+    assert second.prefill_tokens == 3  # the last generated token and the two new ones
+    assert third.prefill_tokens == len(turn3)  # evicted: full prefill
+    assert second.tokens == _reference(turn2, sp, jax.random.key(0))[0]
+    assert third.tokens == _reference(turn3, sp, jax.random.key(0))[0]
