@@ -64,10 +64,12 @@ def _prefill(params, cache: KVCache, tokens_ST, n_new_S, rollback_S, logits_SV, 
 
 
 @functools.partial(jax.jit, static_argnames=("config", "vocab_limit"), donate_argnums=(1,))
-def _decode(params, cache: KVCache, logits_SV, keys_S, temp_S, topk_S, topp_S, active_S, feed_S, *,
+def _decode(params, cache: KVCache, logits_SV, keys_S, steps_S, temp_S, topk_S, topp_S, active_S, feed_S, *,
             config: QwenConfig, vocab_limit):
-    """Samples one token per row; rows in ``feed_S`` (continuing) write it to the cache."""
-    tok, lps, lpp = sample(logits_SV, keys_S, temp_S, topk_S, topp_S, vocab_limit=vocab_limit)
+    """Samples one token per row with ``fold_in(keys_S[s], steps_S[s])``; rows in ``feed_S``
+    (continuing) write it to the cache."""
+    keys = jax.vmap(jax.random.fold_in)(keys_S, steps_S)
+    tok, lps, lpp = sample(logits_SV, keys, temp_S, topk_S, topp_S, vocab_limit=vocab_limit)
     tok = jnp.where(active_S, tok, 0)
     logits, cache = extend(params, cache, tok[:, None], feed_S.astype(jnp.int32), config=config)
     return tok, lps, lpp, jnp.where(feed_S[:, None], logits, logits_SV), cache
@@ -84,9 +86,10 @@ class GenerationEngine:
         self.slots, self.capacity, self.vocab_limit = slots, capacity, vocab_limit
         self.cache = init_cache(config, slots, capacity)
         self.logits = jnp.zeros((slots, config.vocab_size), jnp.float32)
+        self.keys = jax.random.split(jax.random.key(0), slots)  # each running row's request key
         self.held: list[list[int]] = [[] for _ in range(slots)]  # tokens each slot's cache holds
         self.owner: list[str | None] = [None] * slots
-        self.lru: OrderedDict[str, int] = OrderedDict()  # idle sessions by slot, oldest first
+        self.lru: OrderedDict[str, int] = OrderedDict()  # idle sessions -> slot, in the order they went idle
         self.running: list[_Request | None] = [None] * slots
         self.pending: list[_Request] = []
         self._wake: asyncio.Event | None = None
@@ -126,9 +129,10 @@ class GenerationEngine:
                          and self.running[s] is None), None)
             if slot is None:
                 slot = next((s for s in range(self.slots) if self.owner[s] is None), None)
-            if slot is None and self.lru:  # evict the least recently used idle session
-                victim, slot = next(iter(self.lru.items()))
-                del self.lru[victim]
+            if slot is None and self.lru:
+                # Evict the session that went idle last: idle sessions wait for their users about
+                # equally long, so the one idle longest is the one coming back soonest.
+                victim, slot = self.lru.popitem(last=True)
             if slot is None:
                 continue
             self.lru.pop(req.session, None)
@@ -171,14 +175,18 @@ class GenerationEngine:
         temp = np.array([r.sampling.temperature if r else 0.0 for r in self.running], np.float32)
         topk = np.array([r.sampling.top_k if r else 0 for r in self.running], np.int32)
         topp = np.array([r.sampling.top_p if r else 1.0 for r in self.running], np.float32)
-        keys = jnp.stack([jax.random.fold_in(r.key, len(r.out)) if r else jax.random.key(0) for r in self.running])
-        # Rows whose next token cannot end them are fed; the rest are decided after sampling.
-        lengths = np.asarray(self.cache.lengths)
+        for s, r in enumerate(self.running):
+            if r is not None and not r.out:
+                self.keys = self.keys.at[s].set(r.key)  # once per request, not per step
+        steps = np.array([len(r.out) if r else 0 for r in self.running], np.int32)
+        # Rows whose next token cannot end them are fed; the rest are decided after sampling. The
+        # cache of a running row holds its prompt and all its tokens but the next one.
         feed = np.array([r is not None and len(r.out) + 1 < r.sampling.max_new_tokens
-                         and lengths[s] < self.capacity for s, r in enumerate(self.running)])
+                         and len(r.prompt) + len(r.out) < self.capacity for r in self.running])
         tok, lps, lpp, logits, cache = _decode(
-            self.params, self.cache, self.logits, keys, jnp.asarray(temp), jnp.asarray(topk), jnp.asarray(topp),
-            jnp.asarray(active), jnp.asarray(feed), config=self.config, vocab_limit=self.vocab_limit)
+            self.params, self.cache, self.logits, self.keys, jnp.asarray(steps), jnp.asarray(temp),
+            jnp.asarray(topk), jnp.asarray(topp), jnp.asarray(active), jnp.asarray(feed), config=self.config,
+            vocab_limit=self.vocab_limit)
         tok, lps, lpp = np.asarray(tok), np.asarray(lps), np.asarray(lpp)
         self.logits, self.cache = logits, cache
         self.stats["decode_steps"] += 1

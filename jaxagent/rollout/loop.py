@@ -4,7 +4,8 @@
 the generated tokens are appended verbatim, parsed into text and tool calls for the environment,
 and the environment's messages are appended (user reaction labels kept off the tokens, recorded
 by message index). A simulator call that raises is retried ``retries`` times, then the episode
-ends as ``simulator_failure``; a call that exceeds ``timeout_s`` counts as a failure too. Nothing
+ends as ``simulator_failure`` (retries inside a simulator client, reported as
+``info["simulator_retries"]``, are added up in the record too); a call that exceeds ``timeout_s`` counts as a failure too. Nothing
 escapes: every outcome is a `Trajectory` with its termination reason. `run_episodes` runs many
 at once (G per task) so that while some wait for their users, others decode.
 """
@@ -60,7 +61,7 @@ async def run_episode(
 ) -> Trajectory:
     """One episode; always returns a Trajectory (see the module docstring)."""
     session = session or f"{task_id}#{seed}"
-    counters = {"simulator_errors": 0, "tool_errors": 0, "format_errors": 0}
+    counters = {"simulator_errors": 0, "simulator_retries": 0, "tool_errors": 0, "format_errors": 0}
     t0 = time.perf_counter()
     timings = {"generate_s": 0.0, "env_s": 0.0}
     chat = None
@@ -100,6 +101,7 @@ async def run_episode(
                 raise _Failure
             rewards.append(float(step.reward))
             counters["tool_errors"] = int(step.info.get("tool_errors", counters["tool_errors"]))
+            counters["simulator_retries"] += int(step.info.get("simulator_retries", 0))  # client-side retries
             if step.messages and not step.done:
                 spans = chat.add(*[m.to_chat() for m in step.messages])
                 for span, m in zip(spans, step.messages):

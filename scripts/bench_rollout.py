@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Rollout throughput: our in-flight loop against a lockstep loop on the same episodes.
+
+A local OpenAI-compatible user simulator (an HTTP server on 127.0.0.1 started here) answers
+every call after ``--user-delay`` seconds. The same episodes (``--tasks`` x ``--group`` episodes,
+``--turns`` user replies each) are run twice with the same model:
+
+- **ours**: `run_episodes` through the `GenerationEngine` (``--slots`` decode slots, requests
+  admitted as they arrive, prefix reuse across turns);
+- **lockstep**: episodes in batches of ``--slots`` (the same device batch): every episode of a
+  batch takes its turn together (one batched generation from a fresh cache, full prefill), then
+  every user answers (concurrently), turn by turn; then the next batch.
+
+Reports episodes/s of each and their ratio, the fraction of our wall time the device was busy,
+prefill tokens with prefix reuse against without (the whole prompt every turn), and episodes that
+failed (``--fault-rate`` makes the server fail that share of calls with a 500; those are retried,
+and counted when retries run out). The last line of stdout is one JSON object.
+
+    python3 scripts/bench_rollout.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import jaxagent  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(ROOT))
+
+import jax
+import numpy as np
+
+from jaxagent.envs.base import AgentMessage
+from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
+from jaxagent.envs.user_env import LLMUserEnv
+from jaxagent.models import init_params, preset, preset_names
+from jaxagent.models.generate import SamplingParams, generate_from_prompts
+from jaxagent.rollout import EpisodeConfig, GenerationEngine, run_episodes
+from jaxagent.text import ChatRenderer, load_tokenizer
+from jaxagent.text.toolcalls import parse_assistant
+
+REPLIES = ["tell me more", "yes please", "no , the red one", "at noon", "ok"]
+LABELS = ["provide_info", "confirm", "correct", "provide_info", "accept"]
+
+
+def serve(delay: float, fault_rate: float, seed: int = 0):
+    rng = random.Random(seed)
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as real servers: no stale pooled connections
+
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            time.sleep(delay)
+            with lock:
+                fail = rng.random() < fault_rate
+                i = rng.randrange(len(REPLIES))
+            if fail:
+                self.send_response(500)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            content = json.dumps({"utterance": REPLIES[i], "strategy": LABELS[i]})
+            body = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    ThreadingHTTPServer.request_queue_size = 256  # many concurrent episodes: no refused connections
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="tiny-qwen2", choices=preset_names())
+    ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--slots", type=int, default=8, help="decode slots (ours) = batch size (lockstep)")
+    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--user-delay", type=float, default=0.2)
+    ap.add_argument("--fault-rate", type=float, default=0.0)
+    ap.add_argument("--tokenizer", default=str(ROOT / "tests" / "fixtures" / "tokenizer_qwen"))
+    args = ap.parse_args(argv)
+
+    tok = load_tokenizer(args.tokenizer)
+    cfg = preset(args.shape, vocab_size=tok.vocab_size, max_position_embeddings=2048)
+    params = jax.jit(init_params, static_argnums=1)(jax.random.key(0), cfg)
+    server = serve(args.user_delay, args.fault_rate)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    user_cfg = LLMUserConfig(base_url=url, model="sim", max_retries=2, backoff_base_s=0.05, backoff_max_s=0.2,
+                             read_timeout_s=10.0, max_concurrency=64)
+    tasks = {f"task{i}": {"profile": {"instructions": f"you want trip {i}"}, "opening": "i need a trip"}
+             for i in range(args.tasks)}
+    sp = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_tokens=tuple(tok.eos_token_ids))
+    ep_cfg = EpisodeConfig(max_turns=args.turns, max_tokens=2048, retries=1)
+    n_episodes = args.tasks * args.group
+
+    async def ours():
+        client = LLMUserClient(user_cfg)
+        engine = GenerationEngine(params, cfg, slots=args.slots, capacity=2048)
+        make = lambda: LLMUserEnv(client, tasks, max_user_turns=args.turns)  # noqa: E731
+        # warm-up compile outside the timing
+        await engine.generate("warm", [1, 2, 3], sp, jax.random.key(0))
+        engine.release("warm")
+        engine.stats = {"prefill_tokens": 0, "decode_steps": 0, "device_s": 0.0}
+        t0 = time.perf_counter()
+        trajs = await run_episodes(engine, make, tok, list(tasks), group_size=args.group, sampling=sp,
+                                   key=jax.random.key(1), config=ep_cfg)
+        wall = time.perf_counter() - t0
+        await client.aclose()
+        return trajs, wall, dict(engine.stats)
+
+    async def lockstep_chunk(client, chunk, turn_key):
+        envs, chats = [], []
+        for task in chunk:
+            env = LLMUserEnv(client, tasks, max_user_turns=args.turns)
+            reset = await env.reset(task, 0)
+            chat = ChatRenderer(tok)
+            chat.add(*[m.to_chat() for m in reset.messages])
+            envs.append(env)
+            chats.append(chat)
+        alive = list(range(len(chats)))
+        prefill = 0
+        for turn in range(args.turns):
+            prompts = [chats[i].start_generation() for i in alive]
+            prefill += sum(len(p) for p in prompts)
+            out, _ = generate_from_prompts(params, prompts, config=cfg, sampling=sp,
+                                           key=jax.random.fold_in(turn_key, turn), capacity=2048)
+            msgs = []
+            for row, i in enumerate(alive):
+                n = int(out.num_tokens[row])
+                ids = np.asarray(out.tokens[row, :n]).tolist()
+                chats[i].append_generated(ids)
+                text = tok.decode([x for x in ids if x not in sp.stop_tokens])
+                msgs.append(AgentMessage(parse_assistant(text).content))
+
+            async def answer(i, m):
+                try:
+                    return await envs[i].step(m)
+                except Exception:  # noqa: BLE001
+                    return None
+
+            steps = await asyncio.gather(*(answer(i, m) for i, m in zip(alive, msgs)))
+            nxt = []
+            for i, st in zip(alive, steps):
+                if st is None or st.done:
+                    continue
+                chats[i].add(*[m.to_chat() for m in st.messages])
+                nxt.append(i)
+            alive = nxt
+            if not alive:
+                break
+        return prefill
+
+    async def lockstep():
+        """Episodes in batches of --slots (the same device batch as ours): every episode of a
+        batch takes its turn together, then every user answers, turn by turn."""
+        client = LLMUserClient(user_cfg)
+        episodes = [task for task in tasks for _ in range(args.group)]
+        generate_from_prompts(params, [[1, 2, 3]] * args.slots, config=cfg, sampling=sp, key=jax.random.key(0),
+                              capacity=2048)  # warm-up compile
+        prefill = 0
+        t0 = time.perf_counter()
+        for c in range(0, len(episodes), args.slots):
+            prefill += await lockstep_chunk(client, episodes[c : c + args.slots], jax.random.fold_in(jax.random.key(1), c))
+        wall = time.perf_counter() - t0
+        await client.aclose()
+        return wall, prefill
+
+    trajs, wall_ours, stats = asyncio.run(ours())
+    wall_lock, prefill_lock = asyncio.run(lockstep())
+    server.shutdown()
+    without_reuse = sum(s.content_start for t in trajs for s in t.spans if s.generated)
+    failed = sum(t.termination == "simulator_failure" for t in trajs)
+    res = {
+        "bench": "rollout",
+        "device": f"{jax.default_backend()}:{jax.devices()[0].device_kind}",
+        "shape": args.shape,
+        "episodes": n_episodes,
+        "turns": args.turns,
+        "slots": args.slots,
+        "user_delay_s": args.user_delay,
+        "fault_rate": args.fault_rate,
+        "episodes_per_s": n_episodes / wall_ours,
+        "lockstep_episodes_per_s": n_episodes / wall_lock,
+        "speedup_vs_lockstep": wall_lock / wall_ours,
+        "device_busy_fraction": stats["device_s"] / wall_ours,
+        "prefill_tokens_with_reuse": stats["prefill_tokens"],
+        "prefill_tokens_without_reuse": without_reuse,
+        "prefill_tokens_ratio_with_reuse": stats["prefill_tokens"] / max(without_reuse, 1),
+        "lockstep_prefill_tokens": prefill_lock,
+        "failed_episodes_counted": int(failed),
+        "simulator_errors_counted": int(sum(t.info["simulator_errors"] for t in trajs)),
+        "simulator_retries_counted": int(sum(t.info["simulator_retries"] for t in trajs)),
+        "decode_steps": stats["decode_steps"],
+        "jax_version": jax.__version__,
+    }
+    print(json.dumps(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()
