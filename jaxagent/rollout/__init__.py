@@ -3,7 +3,7 @@ records built token-in/token-out, and the collator to the credit batch."""
 
 from jaxagent.rollout.engine import EngineResult, GenerationEngine
 from jaxagent.rollout.loop import EpisodeConfig, run_episode, run_episodes
-from jaxagent.rollout.trajectory import TERMINATIONS, Span, Trajectory, collate, from_jsonl, to_jsonl
+from jaxagent.rollout.trajectory import TERMINATIONS, Trajectory, collate, from_jsonl, to_jsonl
 
-__all__ = ["TERMINATIONS", "EngineResult", "EpisodeConfig", "GenerationEngine", "Span", "Trajectory", "collate",
+__all__ = ["TERMINATIONS", "EngineResult", "EpisodeConfig", "GenerationEngine", "Trajectory", "collate",
            "from_jsonl", "run_episode", "run_episodes", "to_jsonl"]

@@ -33,23 +33,10 @@ import numpy as np
 
 from jaxagent.credit.batch import CreditBatch
 from jaxagent.credit.reaction import polarity_of
-from jaxagent.text.chat import RenderedChat
+from jaxagent.text.chat import MessageSpan, RenderedChat
 
 Termination = Literal["done", "max_turns", "max_tokens", "simulator_failure", "format_error", "timeout"]
 TERMINATIONS = ("done", "max_turns", "max_tokens", "simulator_failure", "format_error", "timeout")
-
-
-@dataclasses.dataclass(frozen=True)
-class Span:
-    """A message in the token list (half-open token ranges)."""
-
-    role: str
-    start: int
-    end: int
-    content_start: int
-    content_end: int
-    generated: bool = False
-    generated_end: int = 0
 
 
 @dataclasses.dataclass
@@ -60,7 +47,7 @@ class Trajectory:
     group_id: int
     tokens: list[int]
     logprobs: list[float]
-    spans: list[Span]
+    spans: list[MessageSpan]  # as the renderer reported them
     turn_rewards: list[float]  # per action turn (environment step rewards)
     outcome_reward: float
     reaction_labels: list[str | None]  # per message (None where the message is not a user message)
@@ -147,8 +134,7 @@ class Trajectory:
         """A record from a finished `RenderedChat`. ``generated_logprobs[k]`` are the policy
         log-probs of the k-th generated message's tokens (as `generate` returned them, stop token
         included); ``reaction_labels`` maps message index -> the user's private label."""
-        spans = [Span(s.role, s.start, s.end, s.content_start, s.content_end, s.generated, s.generated_end)
-                 for s in record.spans]
+        spans = list(record.spans)
         logprobs = np.zeros(len(record.tokens), np.float64)
         gen = [s for s in spans if s.generated]
         if len(gen) != len(generated_logprobs):
@@ -178,7 +164,7 @@ class Trajectory:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Trajectory:
         d = dict(d)
-        d["spans"] = [Span(**s) for s in d["spans"]]
+        d["spans"] = [MessageSpan(**s) for s in d["spans"]]
         return cls(**d)
 
 
