@@ -8,8 +8,10 @@ every call after ``--user-delay`` seconds. The same episodes (``--tasks`` x ``--
 - **ours**: `run_episodes` through the `GenerationEngine` (``--slots`` decode slots, requests
   admitted as they arrive, prefix reuse across turns);
 - **lockstep**: episodes in batches of ``--slots`` (the same device batch): every episode of a
-  batch takes its turn together (one batched generation from a fresh cache, full prefill), then
-  every user answers (concurrently), turn by turn; then the next batch.
+  batch takes its turn together (one batched generation from a fresh cache, full prefill, the
+  whole turn in one jitted ``while_loop``; prompt lengths and cache sizes bucketed to powers of
+  two and every bucket compiled before the clock starts), then every user answers
+  (concurrently), turn by turn; then the next batch.
 
 Reports episodes/s of each and their ratio, the fraction of our wall time the device was busy,
 prefill tokens with prefix reuse against without (the whole prompt every turn), and episodes that
@@ -44,7 +46,7 @@ from jaxagent.envs.base import AgentMessage
 from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
 from jaxagent.envs.user_env import LLMUserEnv
 from jaxagent.models import init_params, preset, preset_names
-from jaxagent.models.generate import SamplingParams, generate_from_prompts
+from jaxagent.models.generate import SamplingParams, init_cache, jit_extend, jit_generate, row_keys
 from jaxagent.rollout import EpisodeConfig, GenerationEngine, run_episodes
 from jaxagent.text import ChatRenderer, load_tokenizer
 from jaxagent.text.toolcalls import parse_assistant
@@ -91,10 +93,15 @@ def serve(delay: float, fault_rate: float, seed: int = 0):
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="tiny-qwen2", choices=preset_names())
-    ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--tasks", type=int, default=32)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--slots", type=int, default=8, help="decode slots (ours) = batch size (lockstep)")
+    ap.add_argument("--park-rows", type=int, default=None,
+                    help="cache rows that keep waiting sessions' prefixes (default: one per episode)")
+    ap.add_argument("--decode-steps", type=int, default=8, help="decode steps per engine call (ours)")
+    ap.add_argument("--capacity", type=int, default=1024, help="KV-cache positions per row")
+    ap.add_argument("--no-reuse", action="store_true", help="ours without parking (sessions > slots lose prefixes)")
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--user-delay", type=float, default=0.2)
     ap.add_argument("--fault-rate", type=float, default=0.0)
@@ -102,7 +109,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
 
     tok = load_tokenizer(args.tokenizer)
-    cfg = preset(args.shape, vocab_size=tok.vocab_size, max_position_embeddings=2048)
+    cfg = preset(args.shape, vocab_size=tok.vocab_size, max_position_embeddings=max(2048, args.capacity))
     params = jax.jit(init_params, static_argnums=1)(jax.random.key(0), cfg)
     server = serve(args.user_delay, args.fault_rate)
     url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -111,17 +118,37 @@ def main(argv=None) -> dict:
     tasks = {f"task{i}": {"profile": {"instructions": f"you want trip {i}"}, "opening": "i need a trip"}
              for i in range(args.tasks)}
     sp = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_tokens=tuple(tok.eos_token_ids))
-    ep_cfg = EpisodeConfig(max_turns=args.turns, max_tokens=2048, retries=1)
+    ep_cfg = EpisodeConfig(max_turns=args.turns, max_tokens=args.capacity, retries=1)
     n_episodes = args.tasks * args.group
+    park_rows = 0 if args.no_reuse else (n_episodes if args.park_rows is None else args.park_rows)
+    stop_ids = np.full((args.slots, max(1, len(sp.stop_tokens))), -1, np.int32)
+    stop_ids[:, : len(sp.stop_tokens)] = sp.stop_tokens
+    gen = jit_generate(cfg, sp.max_new_tokens)
+    ext = jit_extend(cfg)
+
+    def bucket(n: int) -> int:
+        return max(16, 1 << max(0, n - 1).bit_length())
+
+    def lockstep_generate(prompts, key):
+        """One batched turn from a fresh cache: prompts padded to a power-of-two length."""
+        B = args.slots  # a fixed batch: short last batches are padded with a dummy row
+        T = bucket(max(len(p) for p in prompts))
+        toks = np.zeros((B, T), np.int32)
+        lengths = np.ones(B, np.int32)
+        for i, p in enumerate(prompts):
+            toks[i, : len(p)], lengths[i] = p, len(p)
+        cache = init_cache(cfg, B, T + sp.max_new_tokens)
+        logits, cache = ext(params, cache, toks, lengths)
+        return gen(params, cache, logits, row_keys(key, B), temperature_B=np.full(B, sp.temperature, np.float32),
+                   top_k_B=np.full(B, sp.top_k, np.int32), top_p_B=np.full(B, sp.top_p, np.float32),
+                   stop_tokens_BS=stop_ids)
 
     async def ours():
         client = LLMUserClient(user_cfg)
-        engine = GenerationEngine(params, cfg, slots=args.slots, capacity=2048)
+        engine = GenerationEngine(params, cfg, slots=args.slots, capacity=args.capacity, park_rows=park_rows,
+                                  decode_steps=args.decode_steps)
         make = lambda: LLMUserEnv(client, tasks, max_user_turns=args.turns)  # noqa: E731
-        # warm-up compile outside the timing
-        await engine.generate("warm", [1, 2, 3], sp, jax.random.key(0))
-        engine.release("warm")
-        engine.stats = {"prefill_tokens": 0, "decode_steps": 0, "device_s": 0.0}
+        engine.warmup()  # every shape compiled before the clock starts
         t0 = time.perf_counter()
         trajs = await run_episodes(engine, make, tok, list(tasks), group_size=args.group, sampling=sp,
                                    key=jax.random.key(1), config=ep_cfg)
@@ -143,8 +170,7 @@ def main(argv=None) -> dict:
         for turn in range(args.turns):
             prompts = [chats[i].start_generation() for i in alive]
             prefill += sum(len(p) for p in prompts)
-            out, _ = generate_from_prompts(params, prompts, config=cfg, sampling=sp,
-                                           key=jax.random.fold_in(turn_key, turn), capacity=2048)
+            out = lockstep_generate(prompts, jax.random.fold_in(turn_key, turn))
             msgs = []
             for row, i in enumerate(alive):
                 n = int(out.num_tokens[row])
@@ -176,8 +202,9 @@ def main(argv=None) -> dict:
         batch takes its turn together, then every user answers, turn by turn."""
         client = LLMUserClient(user_cfg)
         episodes = [task for task in tasks for _ in range(args.group)]
-        generate_from_prompts(params, [[1, 2, 3]] * args.slots, config=cfg, sampling=sp, key=jax.random.key(0),
-                              capacity=2048)  # warm-up compile
+        for T in (16, 32, 64, 128, 256, 512, 1024):  # compile every bucket before the clock starts
+            if T + sp.max_new_tokens <= args.capacity:
+                lockstep_generate([[1] * T], jax.random.key(0)).tokens.block_until_ready()
         prefill = 0
         t0 = time.perf_counter()
         for c in range(0, len(episodes), args.slots):
@@ -212,6 +239,11 @@ def main(argv=None) -> dict:
         "simulator_errors_counted": int(sum(t.info["simulator_errors"] for t in trajs)),
         "simulator_retries_counted": int(sum(t.info["simulator_retries"] for t in trajs)),
         "decode_steps": stats["decode_steps"],
+        "engine_calls": stats["engine_calls"],
+        "park_rows": park_rows,
+        "parked": stats["parked"],
+        "restored": stats["restored"],
+        "decode_steps_per_call": args.decode_steps,
         "jax_version": jax.__version__,
     }
     print(json.dumps(res))

@@ -4,6 +4,7 @@ prefix reuse across turns, and eviction falling back to a full prefill."""
 import asyncio
 
 import jax
+import pytest
 import numpy as np
 
 from jaxagent.models import init_params, preset
@@ -20,12 +21,13 @@ def _reference(prompt, sp, key):
     return np.asarray(out.tokens[0, :n]).tolist(), np.asarray(out.logp_policy[0, :n])
 
 
-def test_more_sessions_than_slots_match_the_batch_generator():
+@pytest.mark.parametrize("decode_steps", [1, 8])
+def test_more_sessions_than_slots_match_the_batch_generator(decode_steps):
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11, 12], [13, 14, 15]]
     sps = [SamplingParams(temperature=0.0, max_new_tokens=5 + i, stop_tokens=(3,)) for i in range(len(prompts))]
 
     async def main():
-        engine = GenerationEngine(PARAMS, CFG, slots=2, capacity=32)
+        engine = GenerationEngine(PARAMS, CFG, slots=2, capacity=32, decode_steps=decode_steps)
         keys = [jax.random.key(i) for i in range(len(prompts))]
         return await asyncio.gather(*(engine.generate(f"s{i}", p, sp, k)
                                       for i, (p, sp, k) in enumerate(zip(prompts, sps, keys))))
@@ -71,3 +73,48 @@ def test_prefix_reuse_across_turns_and_eviction():
     assert third.prefill_tokens == len(turn3)  # evicted: full prefill
     assert second.tokens == _reference(turn2, sp, jax.random.key(0))[0]
     assert third.tokens == _reference(turn3, sp, jax.random.key(0))[0]
+
+
+def test_parked_prefix_is_restored_instead_of_prefilled():
+    sp = SamplingParams(temperature=0.0, max_new_tokens=4)
+
+    async def main():
+        engine = GenerationEngine(PARAMS, CFG, slots=1, capacity=64, park_rows=1)
+        key = jax.random.key(0)
+        first = await engine.generate("a", [1, 2, 3, 4], sp, key)
+        turn2 = [1, 2, 3, 4] + first.tokens + [20, 21]
+        await engine.generate("b", [5, 6], sp, key)  # "a" is parked
+        second = await engine.generate("a", turn2, sp, key)  # "b" is parked, "a" restored
+        third = await engine.generate("b", [5, 6, 7], sp, key)  # "b" restored, "a" parked
+        engine.release("a")
+        return first, second, third, turn2, dict(engine.stats), engine.parked
+
+    first, second, third, turn2, stats, parked = asyncio.run(main())
+    assert second.prefill_tokens == 3  # the last generated token and the two new ones
+    assert third.prefill_tokens == 1  # [5, 6] came back from the park row
+    assert second.tokens == _reference(turn2, sp, jax.random.key(0))[0]
+    assert third.tokens == _reference([5, 6, 7], sp, jax.random.key(0))[0]
+    assert stats["parked"] == 3 and stats["restored"] == 2
+    assert not parked  # released sessions leave nothing parked
+
+
+def test_engine_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="park_rows=-1"):
+        GenerationEngine(PARAMS, CFG, slots=1, capacity=32, park_rows=-1)
+    with pytest.raises(ValueError, match="decode_steps=0"):
+        GenerationEngine(PARAMS, CFG, slots=1, capacity=32, decode_steps=0)
+
+
+def test_warmup_compiles_without_changing_what_the_engine_generates():
+    sp = SamplingParams(temperature=0.0, max_new_tokens=5)
+
+    async def main():
+        engine = GenerationEngine(PARAMS, CFG, slots=2, capacity=32, park_rows=2, decode_steps=4)
+        engine.warmup()
+        res = await engine.generate("a", [1, 2, 3], sp, jax.random.key(0))
+        with pytest.raises(RuntimeError, match="warmup"):
+            engine.warmup()  # a used engine: its rows hold a session
+        return res
+
+    res = asyncio.run(main())
+    assert res.tokens == _reference([1, 2, 3], sp, jax.random.key(0))[0]

@@ -337,3 +337,25 @@ def test_extend_never_clamps_writes_onto_valid_entries():
     _, cache = extend(p, cache, jnp.asarray([[9, 0, 0, 0, 0], [2, 3, 4, 5, 6]]), jnp.asarray([1, 5]), config=cfg)
     np.testing.assert_array_equal(np.asarray(cache.k[:, 0, :7]), before)
     assert cache.lengths.tolist() == [8, 6]
+
+
+def test_windowed_extend_equals_the_full_cache_and_checks_the_window():
+    """Attending over the first ``window`` positions gives the same logits and cache when every
+    row fits in the window (the engine's bucketed decode)."""
+    cfg = CFG2
+    p = _params(cfg)
+    first = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
+    second = [[10, 11], [12], [13, 14, 15, 16]]
+    t1, n1 = pad_prompts(first)
+    t2, n2 = pad_prompts(second)
+    out = {}
+    for window in (None, 8):
+        fn = jax.jit(lambda p, c, t, n, w=window: extend(p, c, t, n, config=cfg, window=w))
+        _, cache = fn(p, init_cache(cfg, 3, 32), jnp.asarray(t1), jnp.asarray(n1))
+        out[window] = fn(p, cache, jnp.asarray(t2), jnp.asarray(n2))
+    np.testing.assert_allclose(out[8][0], out[None][0], atol=1e-5)
+    np.testing.assert_array_equal(out[8][1].k, out[None][1].k)
+    assert out[8][1].lengths.tolist() == out[None][1].lengths.tolist() == [5, 6, 5]
+    with pytest.raises(ValueError, match="window=64"):
+        extend(p, init_cache(cfg, 1, 32), jnp.ones((1, 1), jnp.int32), jnp.ones((1,), jnp.int32), config=cfg,
+               window=64)

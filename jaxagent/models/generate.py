@@ -94,6 +94,7 @@ def extend(
     config: QwenConfig,
     rules: LogicalRules | None = None,
     scan_unroll: int = 1,
+    window: int | None = None,
 ) -> tuple[jax.Array, KVCache]:
     """Appends ``tokens_BT[b, :n_new_B[b]]`` to row b of the cache (a prefill when the cache is
     empty) and returns the logits of each row's last new token [B, V] (float32) and the cache.
@@ -103,9 +104,16 @@ def extend(
     meaningless). Padding columns (t >= n_new) are never written. New tokens beyond the cache
     capacity are dropped and not counted in ``lengths`` (a jitted function cannot raise: call
     `check_fits` on the host first).
+
+    ``window`` (static, <= capacity) limits attention to the first ``window`` cache positions,
+    so a step costs what the rows hold rather than what the cache could hold. The caller
+    guarantees ``lengths[b] + n_new[b] <= window`` for every row whose logits it uses.
     """
     B, T = tokens_BT.shape
     S = cache.capacity
+    W = S if window is None else window
+    if not 1 <= W <= S:
+        raise ValueError(f"window={window}: expected 1..cache capacity {S}")
     dt = config.dtype.compute
     start_B = cache.lengths
     # Tokens that do not fit are not written and not counted (hosts check with `check_fits`
@@ -115,8 +123,8 @@ def extend(
     pos_BT = start_B[:, None] + t_idx[None, :]
     valid_BT = t_idx[None, :] < n_new_B[:, None]
     write_BT = jnp.where(valid_BT, pos_BT, S)  # S is out of bounds: the write is dropped
-    key_idx = jnp.arange(S, dtype=jnp.int32)
-    allowed_BTS = key_idx[None, None, :] <= pos_BT[:, :, None]
+    key_idx = jnp.arange(W, dtype=jnp.int32)
+    allowed_BTW = key_idx[None, None, :] <= pos_BT[:, :, None]
     b_idx = jnp.arange(B)[:, None]
 
     x = embed_tokens(params, tokens_BT, config=config, rules=rules)
@@ -128,7 +136,10 @@ def extend(
         q, k, v = attention_inputs(x, lp, cos, sin, config=config, rules=rules)
         k_all = k_all.at[layer, b_idx, write_BT].set(k.astype(k_all.dtype), mode="drop")
         v_all = v_all.at[layer, b_idx, write_BT].set(v.astype(v_all.dtype), mode="drop")
-        a = attention_xla(q, k_all[layer], v_all[layer], allowed_BTS, scale=config.head_dim**-0.5)
+        k_l, v_l = k_all[layer], v_all[layer]
+        if W < S:
+            k_l, v_l = k_l[:, :W], v_l[:, :W]
+        a = attention_xla(q, k_l, v_l, allowed_BTW, scale=config.head_dim**-0.5)
         x = attention_output_and_mlp(x, a, lp, config=config, rules=rules)
         return (x, k_all, v_all), None
 

@@ -44,13 +44,20 @@ class _Request:
     session: str
     prompt: list[int]
     sampling: SamplingParams
-    key: jax.Array
+    key: np.ndarray  # the request key's data [2] uint32
     future: asyncio.Future
     slot: int = -1
+    own_lane: bool = False  # admitted into the lane its session already held
+    evicts: str | None = None  # the idle session whose lane it took
     out: list[int] = dataclasses.field(default_factory=list)
     lpp: list[float] = dataclasses.field(default_factory=list)
     lps: list[float] = dataclasses.field(default_factory=list)
     prefill_tokens: int = 0
+
+
+def _bucket(n: int, lo: int, hi: int) -> int:
+    """The power of two >= n, clipped to [lo, hi] (few distinct shapes, few compilations)."""
+    return min(hi, max(lo, 1 << max(0, n - 1).bit_length()))
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
@@ -63,40 +70,113 @@ def _prefill(params, cache: KVCache, tokens_ST, n_new_S, rollback_S, logits_SV, 
     return jnp.where(admitted[:, None], logits, logits_SV), cache
 
 
-@functools.partial(jax.jit, static_argnames=("config", "vocab_limit"), donate_argnums=(1,))
-def _decode(params, cache: KVCache, logits_SV, keys_S, steps_S, temp_S, topk_S, topp_S, active_S, feed_S, *,
-            config: QwenConfig, vocab_limit):
-    """Samples one token per row with ``fold_in(keys_S[s], steps_S[s])``; rows in ``feed_S``
-    (continuing) write it to the cache."""
-    keys = jax.vmap(jax.random.fold_in)(keys_S, steps_S)
-    tok, lps, lpp = sample(logits_SV, keys, temp_S, topk_S, topp_S, vocab_limit=vocab_limit)
-    tok = jnp.where(active_S, tok, 0)
-    logits, cache = extend(params, cache, tok[:, None], feed_S.astype(jnp.int32), config=config)
-    return tok, lps, lpp, jnp.where(feed_S[:, None], logits, logits_SV), cache
+@functools.partial(jax.jit, static_argnames=("config", "vocab_limit", "steps", "window"), donate_argnums=(1,))
+def _decode(params, cache: KVCache, logits_SV, keys_S2, count_S, budget_S, temp_S, topk_S, topp_S, stop_SX,
+            alive_S, *, config: QwenConfig, vocab_limit, steps: int, window: int):
+    """``steps`` decode steps on the device (one host round trip for all of them).
+
+    Row s samples its i-th token of the request with ``fold_in(key_s, count_S[s] + i)``. A live
+    row emits one token per step; it ends after a stop token in ``stop_SX[s]`` (-1 = padding),
+    after ``budget_S[s]`` more tokens, or (truncated) when its cache row is full. A token is fed
+    to the cache only when the row goes on, so a stop token is never written.
+
+    Returns (tokens [k, S], logp_sample [k, S], logp_policy [k, S], emitted [k, S] bool, the
+    pending logits [S, V], the cache, alive [S]).
+    """
+    keys = jax.random.wrap_key_data(keys_S2)
+    S_cap = cache.capacity
+
+    def body(carry, i):
+        logits, cache, alive = carry
+        k = jax.vmap(jax.random.fold_in)(keys, count_S + i)
+        tok, lps, lpp = sample(logits, k, temp_S, topk_S, topp_S, vocab_limit=vocab_limit)
+        tok = jnp.where(alive, tok, 0)
+        hit = jnp.any(tok[:, None] == stop_SX, axis=-1)
+        feed = alive & ~hit & (i + 1 < budget_S) & (cache.lengths < S_cap)
+        new_logits, cache = extend(params, cache, tok[:, None], feed.astype(jnp.int32), config=config,
+                                   window=window)
+        logits = jnp.where(feed[:, None], new_logits, logits)
+        return (logits, cache, feed), (tok, lps, lpp, alive)
+
+    (logits, cache, alive), (tok, lps, lpp, emitted) = jax.lax.scan(
+        body, (logits_SV, cache, alive_S), jnp.arange(steps, dtype=jnp.int32))
+    return tok, lps, lpp, emitted, logits, cache, alive
+
+
+@functools.partial(jax.jit, static_argnames=("length",), donate_argnums=(0, 1))
+def _copy_row(dst_k, dst_v, src_k, src_v, src_row, dst_row, *, length: int):
+    """Copies positions [0, length) of row ``src_row`` of (src_k, src_v) into row ``dst_row`` of
+    (dst_k, dst_v) (all [Ly, rows, C, K, H]); the destinations are updated in place."""
+    Ly, _, _, K, H = src_k.shape
+    out = []
+    for src, dst in ((src_k, dst_k), (src_v, dst_v)):
+        piece = jax.lax.dynamic_slice(src, (0, src_row, 0, 0, 0), (Ly, 1, length, K, H))
+        out.append(jax.lax.dynamic_update_slice(dst, piece, (0, dst_row, 0, 0, 0)))
+    return tuple(out)
 
 
 class GenerationEngine:
-    """Slots of a shared KV cache, filled by requests from any number of sessions."""
+    """Decode lanes over a shared KV cache, filled by requests from any number of sessions.
+
+    ``slots`` lanes decode together; ``park_rows`` more cache rows (device memory, not decoded)
+    keep the prefixes of sessions that lost their lane while they waited for their user, so
+    that sessions > slots still reuse their prefix: a parked row is copied back into a lane
+    (a copy of its length, no model work) instead of being prefilled again. ``decode_steps``
+    tokens are decoded per host round trip (rows that end on the way idle until the next).
+    """
 
     def __init__(self, params: Params, config: QwenConfig, *, slots: int, capacity: int,
-                 vocab_limit: int | None = None):
-        if slots < 1:
-            raise ValueError(f"slots={slots}: expected a positive integer")
+                 park_rows: int = 0, decode_steps: int = 8, vocab_limit: int | None = None):
+        for name, value, lo in (("slots", slots, 1), ("park_rows", park_rows, 0), ("decode_steps", decode_steps, 1)):
+            if not isinstance(value, int) or value < lo:
+                raise ValueError(f"{name}={value!r}: expected an integer >= {lo}")
         self.params, self.config = params, config
         self.slots, self.capacity, self.vocab_limit = slots, capacity, vocab_limit
+        self.decode_steps = decode_steps
         self.cache = init_cache(config, slots, capacity)
         self.logits = jnp.zeros((slots, config.vocab_size), jnp.float32)
-        self.keys = jax.random.split(jax.random.key(0), slots)  # each running row's request key
-        self.held: list[list[int]] = [[] for _ in range(slots)]  # tokens each slot's cache holds
+        self.keys = np.zeros((slots, 2), np.uint32)  # each running row's request key data
+        self.held: list[list[int]] = [[] for _ in range(slots)]  # tokens each lane's cache holds
         self.owner: list[str | None] = [None] * slots
-        self.lru: OrderedDict[str, int] = OrderedDict()  # idle sessions -> slot, in the order they went idle
+        self.lru: OrderedDict[str, int] = OrderedDict()  # idle sessions -> lane, in the order they went idle
         self.running: list[_Request | None] = [None] * slots
         self.pending: list[_Request] = []
+        self.park = init_cache(config, park_rows, capacity) if park_rows else None
+        self.parked: OrderedDict[str, tuple[int, list[int]]] = OrderedDict()  # session -> (row, tokens)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        self.stats = {"prefill_tokens": 0, "decode_steps": 0, "device_s": 0.0}
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.stats = {"prefill_tokens": 0, "decode_steps": 0, "device_s": 0.0, "engine_calls": 0,
+                      "parked": 0, "restored": 0}
 
     # ------------------------------------------------------------------ public
+    def warmup(self) -> None:
+        """Compiles every shape the engine can meet (prefill lengths, attention windows, row
+        copies) before any session uses it, so that no compilation lands inside a timed run.
+        The calls are no-ops on the engine's state (no row is admitted or alive)."""
+        if any(self.owner) or self.parked:
+            raise RuntimeError("warmup: expected an engine no session has used yet")
+        S, zeros = self.slots, np.zeros(self.slots, np.int32)
+        sizes = sorted({_bucket(n, 1, self.capacity) for n in (1 << i for i in range(self.capacity.bit_length()))})
+        for T in sizes:
+            self.logits, self.cache = _prefill(self.params, self.cache, np.zeros((S, T), np.int32), zeros, zeros,
+                                               self.logits, config=self.config)
+        stop = np.full((S, 4), -1, np.int32)
+        for W in sorted({_bucket(n, 64, self.capacity) for n in sizes}):
+            out = _decode(self.params, self.cache, self.logits, self.keys, zeros, zeros, np.zeros(S, np.float32),
+                          zeros, np.ones(S, np.float32), stop, np.zeros(S, bool), config=self.config,
+                          vocab_limit=self.vocab_limit, steps=self.decode_steps, window=W)
+            self.logits, self.cache = out[4], out[5]
+        if self.park is not None:
+            for n in sorted({_bucket(n, 16, self.capacity) for n in sizes}):
+                k, v = _copy_row(self.park.k, self.park.v, self.cache.k, self.cache.v, 0, 0, length=n)
+                self.park = self.park._replace(k=k, v=v)
+                k, v = _copy_row(self.cache.k, self.cache.v, self.park.k, self.park.v, 0, 0, length=n)
+                self.cache = self.cache._replace(k=k, v=v)
+        jax.block_until_ready(self.cache)
+
     async def generate(self, session: str, prompt: list[int], sampling: SamplingParams,
                        key: jax.Array) -> EngineResult:
         """Generates a continuation of ``prompt`` (the session's whole conversation so far)."""
@@ -110,19 +190,22 @@ class GenerationEngine:
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
             self._task = loop.create_task(self._run())
-        req = _Request(session, list(prompt), sampling, key, loop.create_future())
+        req = _Request(session, list(prompt), sampling, np.asarray(jax.random.key_data(key), np.uint32),
+                       loop.create_future())
         self.pending.append(req)
         self._wake.set()
         return await req.future
 
     def release(self, session: str) -> None:
-        """Forgets a finished session's slot contents (its slot becomes free)."""
+        """Forgets a finished session's cache contents (its lane or parked row becomes free)."""
         slot = self.lru.pop(session, None)
         if slot is not None:
             self.owner[slot] = None
+        self.parked.pop(session, None)
 
     # ------------------------------------------------------------------ scheduling
     def _admit(self) -> list[_Request]:
+        """Assigns lanes to pending requests (host bookkeeping only; copies happen in `_step`)."""
         admitted = []
         for req in list(self.pending):
             slot = next((s for s in range(self.slots) if self.owner[s] == req.session
@@ -130,14 +213,14 @@ class GenerationEngine:
             if slot is None:
                 slot = next((s for s in range(self.slots) if self.owner[s] is None), None)
             if slot is None and self.lru:
-                # Evict the session that went idle last: idle sessions wait for their users about
-                # equally long, so the one idle longest is the one coming back soonest.
+                # Take the lane of the session that went idle last: idle sessions wait for their
+                # users about equally long, so the one idle longest is the one coming back soonest.
                 victim, slot = self.lru.popitem(last=True)
+                req.evicts = victim
             if slot is None:
                 continue
             self.lru.pop(req.session, None)
-            if self.owner[slot] != req.session:
-                self.held[slot] = []
+            req.own_lane = self.owner[slot] == req.session
             self.owner[slot] = req.session
             req.slot = slot
             self.running[slot] = req
@@ -145,69 +228,98 @@ class GenerationEngine:
             admitted.append(req)
         return admitted
 
+    def _swap(self, req: _Request) -> None:
+        """Before an admitted request's prefill: parks the prefix of the session whose lane it
+        took, and brings back its own parked prefix (device copies, no model work)."""
+        if req.own_lane:
+            return
+        slot = req.slot
+        restore = self.parked.pop(req.session, None)
+        if req.evicts is not None and self.park is not None and self.held[slot]:
+            rows = self.park.k.shape[1]
+            used = {row for row, _ in self.parked.values()} | ({restore[0]} if restore else set())
+            if len(used) >= rows:
+                used.discard(self.parked.popitem(last=False)[1][0])  # drop the oldest parked prefix
+            row = next(r for r in range(rows) if r not in used)
+            n = _bucket(len(self.held[slot]), 16, self.capacity)
+            k, v = _copy_row(self.park.k, self.park.v, self.cache.k, self.cache.v, slot, row, length=n)
+            self.park = self.park._replace(k=k, v=v)
+            self.parked[req.evicts] = (row, self.held[slot])
+            self.stats["parked"] += 1
+        self.held[slot] = []
+        if restore is not None:
+            row, tokens = restore
+            n = _bucket(len(tokens), 16, self.capacity)
+            k, v = _copy_row(self.cache.k, self.cache.v, self.park.k, self.park.v, row, slot, length=n)
+            self.cache = self.cache._replace(k=k, v=v)
+            self.held[slot] = tokens
+            self.stats["restored"] += 1
+
     def _step(self, admitted: list[_Request]):
-        """One device step (runs in a worker thread): prefill the admitted rows, decode all."""
+        """One engine call (runs in a worker thread): prefill the admitted rows, then decode
+        ``decode_steps`` tokens for every running row."""
         S = self.slots
         if admitted:
+            for req in admitted:
+                self._swap(req)
             rollback = np.zeros(S, np.int32)
             n_new = np.zeros(S, np.int32)
             news = {}
             for req in admitted:
                 held = self.held[req.slot]
                 lcp = 0
-                while lcp < min(len(held), len(req.prompt)) and held[lcp] == req.prompt[lcp]:
+                for a, b in zip(held, req.prompt):
+                    if a != b:
+                        break
                     lcp += 1
                 lcp = min(lcp, len(req.prompt) - 1)  # prefill at least one token for its logits
                 rollback[req.slot] = lcp
                 news[req.slot] = req.prompt[lcp:]
                 n_new[req.slot] = len(news[req.slot])
                 req.prefill_tokens = int(n_new[req.slot])
-            T = 1 << max(0, int(n_new.max()) - 1).bit_length()  # power-of-two buckets
+                self.keys[req.slot] = req.key
+            T = _bucket(int(n_new.max()), 1, self.capacity)
             toks = np.zeros((S, T), np.int32)
             for s, new in news.items():
                 toks[s, : len(new)] = new
             self.logits, self.cache = _prefill(self.params, self.cache, jnp.asarray(toks), jnp.asarray(n_new),
                                                jnp.asarray(rollback), self.logits, config=self.config)
-            for req in admitted:
-                self.held[req.slot] = list(req.prompt)
             self.stats["prefill_tokens"] += int(n_new.sum())
-        active = np.array([r is not None for r in self.running])
-        temp = np.array([r.sampling.temperature if r else 0.0 for r in self.running], np.float32)
-        topk = np.array([r.sampling.top_k if r else 0 for r in self.running], np.int32)
-        topp = np.array([r.sampling.top_p if r else 1.0 for r in self.running], np.float32)
-        for s, r in enumerate(self.running):
-            if r is not None and not r.out:
-                self.keys = self.keys.at[s].set(r.key)  # once per request, not per step
-        steps = np.array([len(r.out) if r else 0 for r in self.running], np.int32)
-        # Rows whose next token cannot end them are fed; the rest are decided after sampling. The
-        # cache of a running row holds its prompt and all its tokens but the next one.
-        feed = np.array([r is not None and len(r.out) + 1 < r.sampling.max_new_tokens
-                         and len(r.prompt) + len(r.out) < self.capacity for r in self.running])
-        tok, lps, lpp, logits, cache = _decode(
-            self.params, self.cache, self.logits, self.keys, jnp.asarray(steps), jnp.asarray(temp),
-            jnp.asarray(topk), jnp.asarray(topp), jnp.asarray(active), jnp.asarray(feed), config=self.config,
-            vocab_limit=self.vocab_limit)
-        tok, lps, lpp = np.asarray(tok), np.asarray(lps), np.asarray(lpp)
-        self.logits, self.cache = logits, cache
-        self.stats["decode_steps"] += 1
+        run = [(s, r) for s, r in enumerate(self.running) if r is not None]
+        k = self.decode_steps  # fixed: rows that end on the way idle until the call returns
+        longest = max(len(r.prompt) + len(r.out) for _, r in run)
+        window = _bucket(longest + k, 64, self.capacity)
+        X = max(len(r.sampling.stop_tokens) for _, r in run)
+        stop = np.full((S, _bucket(max(X, 1), 4, 1 << 20)), -1, np.int32)
+        count = np.zeros(S, np.int32)
+        budget = np.zeros(S, np.int32)
+        temp = np.zeros(S, np.float32)
+        topk = np.zeros(S, np.int32)
+        topp = np.ones(S, np.float32)
+        alive = np.zeros(S, bool)
+        for s, r in run:
+            sp = r.sampling
+            stop[s, : len(sp.stop_tokens)] = sp.stop_tokens
+            count[s], budget[s] = len(r.out), sp.max_new_tokens - len(r.out)
+            temp[s], topk[s], topp[s], alive[s] = sp.temperature, sp.top_k, sp.top_p, True
+        tok, lps, lpp, emitted, self.logits, self.cache, still = _decode(
+            self.params, self.cache, self.logits, self.keys, count, budget, temp, topk, topp, stop, alive,
+            config=self.config, vocab_limit=self.vocab_limit, steps=k, window=window)
+        tok, lps, lpp, emitted, still = (np.asarray(x) for x in (tok, lps, lpp, emitted, still))
+        self.stats["decode_steps"] += k
+        self.stats["engine_calls"] += 1
         finished = []
-        for s, req in enumerate(self.running):
-            if req is None:
-                continue
-            t = int(tok[s])
-            req.out.append(t)
-            req.lps.append(float(lps[s]))
-            req.lpp.append(float(lpp[s]))
-            stop = t in req.sampling.stop_tokens
-            if stop or not feed[s]:
-                if feed[s]:  # it was written but the sequence ended on a stop token: roll it back
-                    self.cache = self.cache._replace(lengths=self.cache.lengths.at[s].add(-1))
-                truncated = not stop and len(req.out) < req.sampling.max_new_tokens
-                self.held[s] = req.prompt + req.out[:-1]
-                finished.append((req, stop, truncated))
+        for s, req in run:
+            n = int(emitted[:, s].sum())
+            req.out.extend(tok[:n, s].tolist())
+            req.lps.extend(lps[:n, s].tolist())
+            req.lpp.extend(lpp[:n, s].tolist())
+            if not still[s]:
+                stop_hit = req.out[-1] in req.sampling.stop_tokens
+                truncated = not stop_hit and len(req.out) < req.sampling.max_new_tokens
+                self.held[s] = req.prompt + req.out[:-1]  # the last token is never written
+                finished.append((req, stop_hit, truncated))
                 self.running[s] = None
-            else:
-                self.held[s] = req.prompt + req.out
         return finished
 
     async def _run(self):
