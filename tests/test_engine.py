@@ -118,3 +118,25 @@ def test_warmup_compiles_without_changing_what_the_engine_generates():
 
     res = asyncio.run(main())
     assert res.tokens == _reference([1, 2, 3], sp, jax.random.key(0))[0]
+
+
+def test_a_failing_engine_step_fails_its_requests_and_the_engine_recovers():
+    sp = SamplingParams(temperature=0.0, max_new_tokens=3)
+
+    async def main():
+        engine = GenerationEngine(PARAMS, CFG, slots=2, capacity=32)
+        real = engine._step
+
+        def broken(admitted):
+            raise FloatingPointError("injected")
+
+        engine._step = broken
+        results = await asyncio.gather(engine.generate("a", [1, 2], sp, jax.random.key(0)),
+                                       engine.generate("b", [3], sp, jax.random.key(0)), return_exceptions=True)
+        engine._step = real
+        again = await engine.generate("a", [1, 2], sp, jax.random.key(0))
+        return results, again
+
+    results, again = asyncio.run(asyncio.wait_for(main(), 120))
+    assert all(isinstance(r, RuntimeError) and "injected" in str(r) for r in results)
+    assert again.tokens == _reference([1, 2], sp, jax.random.key(0))[0]

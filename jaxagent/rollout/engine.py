@@ -141,7 +141,9 @@ class GenerationEngine:
         self.lru: OrderedDict[str, int] = OrderedDict()  # idle sessions -> lane, in the order they went idle
         self.running: list[_Request | None] = [None] * slots
         self.pending: list[_Request] = []
-        self.park = init_cache(config, park_rows, capacity) if park_rows else None
+        # One more row than parked prefixes: the spare one through which two prefixes trade places.
+        self.park = init_cache(config, park_rows + 1, capacity) if park_rows else None
+        self.spare = park_rows
         self.parked: OrderedDict[str, tuple[int, list[int]]] = OrderedDict()  # session -> (row, tokens)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -235,18 +237,30 @@ class GenerationEngine:
             return
         slot = req.slot
         restore = self.parked.pop(req.session, None)
-        if req.evicts is not None and self.park is not None and self.held[slot]:
+        victim = self.held[slot] if req.evicts is not None and self.park is not None else []
+        self.held[slot] = []
+        if victim and restore is not None:
+            # Trade places through the spare row: the victim goes to the spare row, the restored
+            # prefix comes into the lane, and its old park row becomes the spare one.
+            row, tokens = restore
+            n = _bucket(len(victim), 16, self.capacity)
+            k, v = _copy_row(self.park.k, self.park.v, self.cache.k, self.cache.v, slot, self.spare, length=n)
+            self.park = self.park._replace(k=k, v=v)
+            self.parked[req.evicts] = (self.spare, victim)
+            self.spare = row
+            self.stats["parked"] += 1
+            victim = []
+        if victim:
             rows = self.park.k.shape[1]
-            used = {row for row, _ in self.parked.values()} | ({restore[0]} if restore else set())
-            if len(used) >= rows:
-                used.discard(self.parked.popitem(last=False)[1][0])  # drop the oldest parked prefix
+            if len(self.parked) >= rows - 1:
+                self.parked.popitem(last=False)  # drop the oldest parked prefix
+            used = {r for r, _ in self.parked.values()} | {self.spare}
             row = next(r for r in range(rows) if r not in used)
-            n = _bucket(len(self.held[slot]), 16, self.capacity)
+            n = _bucket(len(victim), 16, self.capacity)
             k, v = _copy_row(self.park.k, self.park.v, self.cache.k, self.cache.v, slot, row, length=n)
             self.park = self.park._replace(k=k, v=v)
-            self.parked[req.evicts] = (row, self.held[slot])
+            self.parked[req.evicts] = (row, victim)
             self.stats["parked"] += 1
-        self.held[slot] = []
         if restore is not None:
             row, tokens = restore
             n = _bucket(len(tokens), 16, self.capacity)
@@ -323,6 +337,24 @@ class GenerationEngine:
         return finished
 
     async def _run(self):
+        try:
+            await self._serve()
+        except BaseException as e:  # a failed step fails every request it holds, never hangs them
+            for req in [r for r in self.running if r is not None] + self.pending:
+                if not req.future.done():
+                    req.future.set_exception(RuntimeError(f"generation engine failed: {type(e).__name__}: {e}"))
+            self.running = [None] * self.slots
+            self.pending = []
+            self.owner = [None] * self.slots
+            self.lru.clear()
+            self.parked.clear()
+            self.held = [[] for _ in range(self.slots)]
+            self.cache = init_cache(self.config, self.slots, self.capacity)  # a failed call may have consumed it
+            self.logits = jnp.zeros((self.slots, self.config.vocab_size), jnp.float32)
+            if not isinstance(e, Exception):
+                raise
+
+    async def _serve(self):
         loop = asyncio.get_running_loop()
         while True:
             admitted = self._admit()
