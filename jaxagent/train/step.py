@@ -1,0 +1,226 @@
+"""The training step: optimizer from config, train state, and one jitted update per job.
+
+Pure code only (no I/O). Shapes: B sequences, L tokens, M microbatches (gradient accumulation),
+B = M * b.
+
+- `make_optimizer(OptimSettings)`: an optax chain (global-norm clipping, AdamW or SGD) with a
+  linear warmup then a constant or cosine schedule.
+- `TrainState`: params, optimizer state, ``step`` (updates applied) and ``skipped`` (updates
+  refused because the loss or a gradient was not finite: the state is left as it was).
+- `make_update(loss_fn, tx, microbatches=M)`: ``update(state, batch) -> (state, metrics)``, one
+  `jax.jit` with the state donated. The batch (a dict of ``[B, ...]`` arrays) is split into M
+  microbatches scanned in sequence; their gradients are combined with the weights the loss's
+  aggregation implies (token counts for a token mean, sequence counts for a sequence mean), so
+  the accumulated update equals the full-batch update.
+- `sft_loss_fn` and `ppo_loss_fn`: the per-microbatch losses of the SFT and RL jobs.
+- `sequence_scores`: teacher-forced log-probs aligned to the tokens they score (entry t scores
+  token t; entry 0 is 0), optionally with the policy entropy at each position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from jaxagent.credit.losses import PPOConfig, policy_loss, sft_loss
+from jaxagent.models.config import QwenConfig
+from jaxagent.models.qwen import token_logprobs
+
+Batch = dict[str, jax.Array]
+Metrics = dict[str, jax.Array]
+
+
+# ----------------------------------------------------------------------------- optimizer
+@dataclasses.dataclass(frozen=True)
+class OptimSettings:
+    """What `make_optimizer` builds (the ``optim`` section of a run config)."""
+
+    name: Literal["adamw", "sgd"] = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    clip_norm: float | None = 1.0
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine"] = "constant"
+    decay_steps: int = 0  # cosine: steps after the warmup to reach final_lr_fraction * lr
+    final_lr_fraction: float = 0.0
+
+    def validate(self) -> None:
+        for field in ("lr", "weight_decay", "eps", "final_lr_fraction"):
+            value = getattr(self, field)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{field}={value!r}: expected a finite number >= 0")
+        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
+            raise ValueError(f"b1={self.b1!r}, b2={self.b2!r}: expected numbers in [0, 1)")
+        if self.clip_norm is not None and not self.clip_norm > 0:
+            raise ValueError(f"clip_norm={self.clip_norm!r}: expected a positive number or null")
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps}, decay_steps={self.decay_steps}: expected >= 0")
+        if self.schedule == "cosine" and self.decay_steps < 1:
+            raise ValueError(f"decay_steps={self.decay_steps}: the cosine schedule needs decay_steps >= 1")
+
+
+def learning_rate(cfg: OptimSettings) -> optax.Schedule:
+    """Linear warmup from 0 over ``warmup_steps``, then constant or cosine decay."""
+    if cfg.schedule == "cosine":
+        after = optax.cosine_decay_schedule(cfg.lr, cfg.decay_steps, alpha=cfg.final_lr_fraction)
+    else:
+        after = optax.constant_schedule(cfg.lr)
+    if cfg.warmup_steps == 0:
+        return after
+    warm = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+    return optax.join_schedules([warm, after], [cfg.warmup_steps])
+
+
+def make_optimizer(cfg: OptimSettings) -> optax.GradientTransformation:
+    cfg.validate()
+    lr = learning_rate(cfg)
+    if cfg.name == "adamw":
+        opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    else:
+        opt = optax.sgd(lr)
+    parts = [optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm is not None else []
+    return optax.chain(*parts, opt)
+
+
+# ----------------------------------------------------------------------------- state
+@struct.dataclass
+class TrainState:
+    params: Any
+    opt_state: Any
+    step: jax.Array  # int32 []: updates applied
+    skipped: jax.Array  # int32 []: updates refused (non-finite loss or gradients)
+
+    @classmethod
+    def create(cls, params, tx: optax.GradientTransformation) -> "TrainState":
+        return cls(params, tx.init(params), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+
+def _all_finite(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
+
+
+# ----------------------------------------------------------------------------- scoring
+def sequence_scores(params, tokens_BL: jax.Array, *, config: QwenConfig, entropy: bool = False,
+                    attn_impl: str = "xla") -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Teacher-forced log-probs [B, L] with entry t scoring token t (entry 0 is 0), and with
+    ``entropy`` the policy's entropy at the position that predicts token t (entry 0 is 0)."""
+    out = token_logprobs(params, tokens_BL, config=config, attn_impl=attn_impl, return_entropy=entropy)
+    lp, ent = out if entropy else (out, None)
+    shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
+    return (shift(lp), shift(ent)) if entropy else shift(lp)
+
+
+# ----------------------------------------------------------------------------- losses
+LossFn = Callable[[Any, Batch], tuple[jax.Array, Metrics]]
+
+
+def sft_loss_fn(config: QwenConfig, agg: str = "token_mean") -> LossFn:
+    """Masked cross-entropy; the batch holds ``tokens`` [B, L] int32 and ``loss_mask`` [B, L]."""
+
+    def loss_fn(params, batch):
+        logp = sequence_scores(params, batch["tokens"], config=config)
+        return sft_loss(logp, batch["loss_mask"], agg=agg)
+
+    return loss_fn
+
+
+def ppo_loss_fn(config: QwenConfig, ppo: PPOConfig) -> LossFn:
+    """The clipped policy loss; the batch holds ``tokens``, ``loss_mask``, ``advantages``,
+    ``old_logp`` and (with a KL term) ``ref_logp``, all [B, L] aligned to the tokens."""
+
+    def loss_fn(params, batch):
+        if ppo.entropy_coef > 0:
+            logp, ent = sequence_scores(params, batch["tokens"], config=config, entropy=True)
+        else:
+            logp, ent = sequence_scores(params, batch["tokens"], config=config), None
+        return policy_loss(logp, batch["old_logp"], batch["advantages"], batch["loss_mask"], config=ppo,
+                           ref_logp_BL=batch.get("ref_logp"), entropy_BL=ent)
+
+    return loss_fn
+
+
+def microbatch_weight(metrics: Metrics, agg: str) -> jax.Array:
+    """The weight of a microbatch's gradient under ``agg`` (see the module docstring)."""
+    if agg == "token_mean":
+        return metrics["num_tokens"]
+    if agg in ("seq_mean_token_mean", "seq_mean_token_sum"):
+        return metrics["num_seqs"]
+    return jnp.float32(1.0)  # a constant normaliser: every microbatch counts the same
+
+
+_SUMMED = ("num_tokens", "num_seqs")
+
+
+def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatches: int = 1,
+                agg: str = "token_mean", lr_schedule: optax.Schedule | None = None,
+                ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """One jitted update: ``update(state, batch) -> (state, metrics)`` (state donated).
+
+    Metrics: the loss's metrics (weighted means over microbatches; counts summed; ``ratio_min``
+    / ``ratio_max`` the extremes), plus ``grad_norm`` (of the accumulated gradient), ``lr`` (with
+    ``lr_schedule``: the rate this update used), ``finite`` (1 when the update was applied) and ``skipped`` (updates refused so far).
+    """
+    if microbatches < 1:
+        raise ValueError(f"microbatches={microbatches}: expected >= 1")
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def update(state: TrainState, batch: Batch):
+        B = jax.tree.leaves(batch)[0].shape[0]
+        if B % microbatches:
+            raise ValueError(f"batch size {B} is not divisible by microbatches={microbatches}")
+        split = jax.tree.map(lambda x: x.reshape(microbatches, B // microbatches, *x.shape[1:]), batch)
+
+        def one(carry, mb):
+            grads_acc, wsum = carry
+            (loss, metrics), grads = grad_fn(state.params, mb)
+            w = microbatch_weight(metrics, agg).astype(jnp.float32)
+            grads_acc = jax.tree.map(lambda a, g: a + w * g.astype(jnp.float32), grads_acc, grads)
+            return (grads_acc, wsum + w), (metrics, w, loss)
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        (gsum, wsum), (ms, ws, losses) = jax.lax.scan(one, (zeros, jnp.float32(0.0)), split)
+        denom = jnp.where(wsum > 0, wsum, 1.0)
+        grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), gsum, state.params)
+        wn = ws / denom
+        metrics = {}
+        for k, v in ms.items():
+            if k in _SUMMED:
+                metrics[k] = jnp.sum(v)
+            elif k == "ratio_min":
+                metrics[k] = jnp.min(v)
+            elif k == "ratio_max":
+                metrics[k] = jnp.max(v)
+            else:
+                metrics[k] = jnp.where(wsum > 0, jnp.sum(v * wn), jnp.mean(v))
+        finite = _all_finite(grads) & jnp.all(jnp.isfinite(losses))
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        new_state = TrainState(
+            params=keep(params, state.params),
+            opt_state=keep(opt_state, state.opt_state),
+            step=state.step + finite.astype(jnp.int32),
+            skipped=state.skipped + (~finite).astype(jnp.int32),
+        )
+        metrics.update(grad_norm=optax.tree.norm(grads), finite=finite.astype(jnp.float32),
+                       skipped=new_state.skipped.astype(jnp.float32))
+        if lr_schedule is not None:
+            metrics["lr"] = jnp.asarray(lr_schedule(state.step), jnp.float32)
+        return new_state, metrics
+
+    return jax.jit(update, donate_argnums=(0,))
+
+
+__all__ = ["OptimSettings", "TrainState", "learning_rate", "make_optimizer", "make_update", "microbatch_weight",
+           "ppo_loss_fn", "sequence_scores", "sft_loss_fn"]
