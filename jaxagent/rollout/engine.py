@@ -198,6 +198,17 @@ class GenerationEngine:
         self._wake.set()
         return await req.future
 
+    def set_params(self, params: Params) -> None:
+        """New policy weights (after an update): every cached prefix was computed with the old
+        ones, so all lanes and park rows are forgotten. Only between batches of requests."""
+        if any(r is not None for r in self.running) or self.pending:
+            raise RuntimeError("set_params: requests are in flight; call it between rollout batches")
+        self.params = params
+        self.owner = [None] * self.slots
+        self.held = [[] for _ in range(self.slots)]
+        self.lru.clear()
+        self.parked.clear()
+
     def release(self, session: str) -> None:
         """Forgets a finished session's cache contents (its lane or parked row becomes free)."""
         slot = self.lru.pop(session, None)
