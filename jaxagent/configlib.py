@@ -1,0 +1,420 @@
+"""Typed configuration from frozen dataclasses, YAML files and dotted command-line overrides.
+
+A schema is a tree of ``@dataclasses.dataclass(frozen=True)`` classes whose fields all have
+defaults. Supported field types: ``int``, ``float`` (ints are accepted and converted), ``str``,
+``bool`` (real bools only), ``Literal[...]`` of strings/ints, ``X | None``, ``tuple[T, ...]``
+(lists are accepted), ``dict[str, T]`` and nested dataclasses (given as mappings). A section may
+define ``validate(self)``; a ``ValueError`` raised there is reported as a :class:`ConfigError`
+under the section's dotted path. ``field(metadata={"help": "..."})`` adds a line to :func:`describe`.
+
+Example::
+
+    from __future__ import annotations
+    import dataclasses
+    from typing import Literal
+    from jaxagent import configlib
+
+    @dataclasses.dataclass(frozen=True)
+    class Optim:
+        lr: float = 3e-4
+        betas: tuple[float, ...] = (0.9, 0.95)
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        method: Literal["grpo", "infopo"] = "grpo"
+        optim: Optim = dataclasses.field(default_factory=Optim)
+
+    cfg = configlib.load(Config, "run.yaml", ["optim.lr=3e-7", "method=infopo"])
+    print(configlib.dump_yaml(cfg))            # the resolved config, for the run directory
+    print(configlib.describe(Config))          # every dotted key, its type and default
+
+Errors name the full dotted key, the value given and what was expected, e.g.
+``optim.lr: expected float, got 'fast' (str)``. A YAML file may start from another with a
+top-level ``include: base.yaml`` (relative to the file); the key ``include`` is reserved there.
+Merging is deep: mappings merge key by key, every other value replaces.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import functools
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "apply_overrides",
+    "deep_merge",
+    "describe",
+    "dump_yaml",
+    "from_dict",
+    "load",
+    "to_dict",
+]
+
+_NoneType = type(None)
+_SCALARS = (int, float, str, bool)
+
+
+class ConfigError(ValueError):
+    """A configuration value, key, file or override is invalid; the message says where and why."""
+
+
+# ----------------------------------------------------------------------------- type helpers
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _fields(cls: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if f.init]
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType)
+
+
+def _members(tp: Any) -> tuple[Any, ...]:
+    """The alternatives of a union (without None), or ``(tp,)``."""
+    return tuple(a for a in typing.get_args(tp) if a is not _NoneType) if _is_union(tp) else (tp,)
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _section(tp: Any) -> type | None:
+    """The dataclass behind ``tp`` or ``tp | None``, else None."""
+    members = _members(tp)
+    return members[0] if len(members) == 1 and _is_dataclass_type(members[0]) else None
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is _NoneType:
+        return "None"
+    if origin is Literal:
+        return " | ".join(map(repr, args))
+    if _is_union(tp):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is tuple:
+        return "tuple[" + ", ".join("..." if a is Ellipsis else _type_name(a) for a in args) + "]"
+    if origin is dict:
+        return f"dict[{_type_name(args[0])}, {_type_name(args[1])}]"
+    return getattr(tp, "__name__", repr(tp))
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return f"{text if len(text) <= 80 else text[:77] + '...'} ({type(value).__name__})"
+
+
+def _at(path: str) -> str:
+    return f"{path}: " if path else ""
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _unknown_key(path: str, key: Any, allowed: Sequence[str]) -> ConfigError:
+    msg = f"{_join(path, key)}: unknown key; allowed keys: {', '.join(sorted(allowed))}"
+    close = difflib.get_close_matches(str(key), list(allowed), n=1)
+    return ConfigError(msg + (f"; did you mean {close[0]!r}?" if close else ""))
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    """Check ``value`` against ``tp`` and return it in canonical form (floats, tuples, dataclasses)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif origin is Literal or (_is_union(tp) and all(typing.get_origin(m) is Literal for m in _members(tp))):
+        choices = [c for m in _members(tp) for c in typing.get_args(m)]
+        choices += [None] * (_is_union(tp) and _NoneType in args)
+        for c in choices:
+            if value == c and type(value) is type(c):
+                return c
+        raise ConfigError(f"{_at(path)}{value!r} is not one of {', '.join(map(repr, choices))}")
+    elif _is_union(tp):
+        if value is None and _NoneType in args:
+            return None
+        members = _members(tp)
+        if len(members) == 1 and members[0] not in _SCALARS:
+            return _convert(members[0], value, path)  # e.g. a section or tuple: report the inner error
+        for member in members:
+            try:
+                return _convert(member, value, path)
+            except ConfigError:
+                pass
+    elif origin is tuple:
+        if isinstance(value, (list, tuple)):
+            if len(args) == 2 and args[1] is Ellipsis:
+                return tuple(_convert(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+            if len(value) == len(args):
+                return tuple(_convert(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    elif origin is dict:
+        if isinstance(value, Mapping):
+            out = {}
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise ConfigError(f"{_at(path)}keys must be str, got {_show(k)}")
+                out[k] = _convert(args[1], v, _join(path, k))
+            return out
+    elif _is_dataclass_type(tp):
+        if isinstance(value, tp):
+            value = to_dict(value)
+        return from_dict(tp, value, path=path)
+    else:
+        raise TypeError(f"{_at(path)}unsupported field type {_type_name(tp)}")
+    raise ConfigError(f"{_at(path)}expected {_type_name(tp)}, got {_show(value)}")
+
+
+def from_dict(cls: type, data: Mapping[str, Any], *, path: str = "") -> Any:
+    """Build the dataclass ``cls`` (and its nested sections) from ``data``, checking every value.
+
+    Missing keys take the field defaults; unknown keys, wrongly typed values and failed
+    ``validate()`` checks raise :class:`ConfigError` naming the full dotted key (under ``path``).
+    """
+    if not _is_dataclass_type(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{_at(path)}expected a mapping for {cls.__name__}, got {_show(data)}")
+    hints, fields = _hints(cls), _fields(cls)
+    names = [f.name for f in fields]
+    for key in data:
+        if key not in names:
+            raise _unknown_key(path, key, names)
+    kwargs = {}
+    for f in fields:
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name], _join(path, f.name))
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{_join(path, f.name)}: missing required key ({_type_name(hints[f.name])})")
+    try:
+        obj = cls(**kwargs)
+        if callable(getattr(obj, "validate", None)):
+            obj.validate()
+    except ValueError as e:
+        raise ConfigError(f"{_at(path)}{e}") from e
+    return obj
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in _fields(type(value))}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """The dataclass ``obj`` as plain dicts/lists/scalars; ``from_dict(type(obj), to_dict(obj)) == obj``."""
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        raise TypeError(f"to_dict expects a dataclass instance, got {type(obj).__name__}")
+    return _plain(obj)
+
+
+def dump_yaml(obj: Any) -> str:
+    """The dataclass ``obj`` (or a plain mapping) as YAML, in field order; loads back with :func:`load`."""
+    data = to_dict(obj) if dataclasses.is_dataclass(obj) else _plain(obj)
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False)
+    if yaml.safe_load(text) != data:  # PyYAML emits some characters (U+0085) raw that it reads back differently
+        text = yaml.safe_dump(data, sort_keys=False, allow_unicode=False, default_flow_style=False)
+    return text
+
+
+# ----------------------------------------------------------------------------- merging and overrides
+
+
+def _merge_into(dst: dict, src: Mapping) -> dict:
+    for key, value in src.items():
+        if isinstance(value, Mapping) and isinstance(dst.get(key), Mapping):
+            dst[key] = _merge_into(dict(dst[key]), value)
+        else:
+            dst[key] = copy.deepcopy(_plain(value))
+    return dst
+
+
+def deep_merge(base: Mapping, override: Mapping) -> dict:
+    """A new dict: ``override`` over ``base``; mappings merge recursively, everything else replaces."""
+    return _merge_into(copy.deepcopy(_plain(base)), override)
+
+
+def _coerce(tp: Any, value: Any, raw: str | None = None) -> Any:
+    """Fix what YAML 1.1 parsed differently from what the schema wants: ``3e-7`` (a str in YAML 1.1)
+    for a float, and for a str field a bare ``2024`` or ``yes`` (``raw`` is the override's text)."""
+    members = _members(tp)
+    if isinstance(value, str) and str not in members:
+        for t in (int, float):
+            if t in members:
+                try:
+                    return t(value)
+                except ValueError:
+                    pass
+    elif raw is not None and str in members and isinstance(value, (bool, int, float)):
+        accepted = {bool: (bool,), int: (int, float), float: (float,)}[type(value)]
+        if not any(m in members for m in accepted):
+            return raw.strip()
+    elif isinstance(value, (list, tuple)):
+        for m in members:
+            args = typing.get_args(m)
+            if typing.get_origin(m) is tuple and args:
+                elems = [args[0]] * len(value) if args[-1] is Ellipsis else args
+                return [_coerce(t, v) for t, v in zip(elems, value)] + list(value[len(elems) :])
+    elif isinstance(value, Mapping):
+        section = _section(tp)
+        if section is not None:
+            hints = _hints(section)
+            return {k: _coerce(hints[k], v) if k in hints else v for k, v in value.items()}
+        for m in members:
+            if typing.get_origin(m) is dict:
+                return {k: _coerce(typing.get_args(m)[1], v) for k, v in value.items()}
+    return value
+
+
+def _target_type(schema: type, keys: list[str], override: str) -> Any:
+    """The schema type at dotted ``keys``; unknown keys and paths through non-sections are errors."""
+    tp: Any = schema
+    for i, key in enumerate(keys):
+        path = ".".join(keys[:i])
+        section, members = _section(tp), _members(tp)
+        if section is not None:
+            names = [f.name for f in _fields(section)]
+            if key not in names:
+                raise ConfigError(f"override {override!r}: {_unknown_key(path, key, names)}")
+            tp = _hints(section)[key]
+        elif len(members) == 1 and typing.get_origin(members[0]) is dict:
+            tp = typing.get_args(members[0])[1]
+        else:
+            raise ConfigError(f"override {override!r}: {path} is a {_type_name(tp)}, not a section")
+    return tp
+
+
+def apply_overrides(data: Mapping, overrides: Sequence[str], *, schema: type | None = None) -> dict:
+    """A copy of ``data`` with each ``a.b.c=value`` override applied (the value parsed as YAML).
+
+    With ``schema`` (the root dataclass), keys are checked against it and values coerced to it
+    (``lr=3e-7`` becomes a float); without it any key is accepted as is. A mapping value merges
+    into the existing section (``optim={lr: 0.1}``).
+    """
+    out = copy.deepcopy(_plain(data))
+    for override in overrides:
+        if not isinstance(override, str) or "=" not in override:
+            raise ConfigError(f"override {override!r}: expected key=value, e.g. optim.lr=3e-4")
+        key, raw = override.split("=", 1)
+        keys = key.strip().split(".")
+        if not all(keys):
+            raise ConfigError(f"override {override!r}: empty key in {key.strip()!r}")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {override!r}: value is not valid YAML: {e}") from e
+        if schema is not None:
+            value = _coerce(_target_type(schema, keys, override), value, raw)
+        node = out
+        for k in keys[:-1]:
+            if not isinstance(node.get(k), dict):
+                node[k] = {}
+            node = node[k]
+        if isinstance(value, Mapping) and isinstance(node.get(keys[-1]), dict):
+            _merge_into(node[keys[-1]], value)
+        else:
+            node[keys[-1]] = value
+    return out
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    resolved = path.resolve()
+    if resolved in chain:
+        raise ConfigError("include cycle: " + " -> ".join(str(p) for p in (*chain, resolved)))
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping, got {type(data).__name__}")
+    include = data.pop("include", None)
+    if include is None:
+        return data
+    if not isinstance(include, str):
+        raise ConfigError(f"{path}: include: expected a file name (str), got {_show(include)}")
+    return deep_merge(_read_yaml(path.parent / include, (*chain, resolved)), data)
+
+
+def load(
+    cls: type,
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    base: Mapping | None = None,
+) -> Any:
+    """Resolve a config: ``base`` (a mapping or a ``cls`` instance), then the YAML file at ``path``
+    (after the file it includes, if any), then ``overrides``; then build and check it as ``cls``."""
+    data = _plain(base) if base is not None else {}
+    if path is not None:
+        data = deep_merge(data, _read_yaml(Path(path)))
+    return from_dict(cls, apply_overrides(data, overrides, schema=cls))
+
+
+# ----------------------------------------------------------------------------- help
+
+
+def _rows(cls: type, prefix: str, instance: Any) -> list[tuple[str, str, str, str]]:
+    rows = []
+    hints = _hints(cls)
+    for f in _fields(cls):
+        tp, key = hints[f.name], _join(prefix, f.name)
+        if instance is not None:
+            default = getattr(instance, f.name)
+        elif f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = dataclasses.MISSING
+        section = _section(tp)
+        if section is None or default is None:
+            shown = "(required)" if default is dataclasses.MISSING else "= " + repr(default)
+            rows.append((key, _type_name(tp), shown, f.metadata.get("help", "")))
+        if section is not None:
+            rows += _rows(section, key, default if isinstance(default, section) else None)
+    return rows
+
+
+def describe(cls: type) -> str:
+    """Every dotted key of the schema ``cls`` with its type, default and help text, one per line."""
+    rows = _rows(cls, "", None)
+    widths = [max((len(r[i]) for r in rows), default=0) for i in range(2)]
+    lines = [f"{k:<{widths[0]}}  {t:<{widths[1]}}  {d}" + (f"  # {h}" if h else "") for k, t, d, h in rows]
+    return "\n".join(line.rstrip() for line in lines)
