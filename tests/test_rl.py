@@ -81,3 +81,22 @@ def test_settings_errors_name_the_field():
         RLSettings(group_size=2, tasks_per_step=2, minibatch_size=3).validate()
     with pytest.raises(ValueError, match="microbatches=3"):
         RLSettings(group_size=2, tasks_per_step=2, microbatches=3).validate()
+
+
+def test_evaluate_averages_k_runs_per_task():
+    from jaxagent.train.evaluate import evaluate
+
+    params = init_params(jax.random.key(0), CFG)
+    engine = GenerationEngine(params, CFG, slots=4, capacity=1024, decode_steps=4)
+    tasks = GYMS["telepathy"].make_tasks("test", 2, seed=0)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=8, stop_tokens=tuple(TOK.eos_token_ids))
+    m, trajs = evaluate(params, engine, lambda: GYMS["telepathy"].env(max_steps=2), TOK, tasks, k=2, sampling=sp,
+                        key=jax.random.key(0), episode=EpisodeConfig(max_turns=2, max_tokens=1024))
+    assert len(trajs) == 4 and m["k"] == 2 and m["tasks"] == 2
+    assert set(m["success_by_task"]) == set(tasks)
+    # k runs per task, grouped (the runs differ only through the user's paraphrases: reset seeds)
+    assert [t.task_id for t in trajs] == [tasks[0], tasks[0], tasks[1], tasks[1]]
+    assert trajs[0].group_id == trajs[1].group_id != trajs[2].group_id
+    assert m["success"] == 0.0  # a random tiny policy does not name the hidden thing
+    with pytest.raises(ValueError, match="k=0"):
+        evaluate(params, engine, lambda: GYMS["telepathy"].env(), TOK, tasks, k=0, sampling=sp, key=jax.random.key(0))

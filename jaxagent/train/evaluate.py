@@ -1,0 +1,47 @@
+"""Evaluation: success and reward averaged over k runs per task (avg@k), turns and lengths.
+
+`evaluate` plays ``k`` episodes of every task with the given policy weights through the engine
+(sampled with ``sampling``; temperature 0 makes the k runs identical) and returns
+`episode_metrics` over all of them plus ``success_at_k_any`` (the share of tasks solved by at
+least one of the k runs, pass@k) and the per-task success rates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxagent.envs.base import Environment
+from jaxagent.models.generate import SamplingParams
+from jaxagent.rollout.engine import GenerationEngine
+from jaxagent.rollout.loop import EpisodeConfig, run_episodes
+from jaxagent.rollout.trajectory import Trajectory
+from jaxagent.text.tokenizer import Tokenizer
+from jaxagent.train.rl import episode_metrics
+
+
+def evaluate(params: Any, engine: GenerationEngine, make_env: Callable[[], Environment], tokenizer: Tokenizer,
+             tasks: Sequence[str], *, k: int, sampling: SamplingParams, key: jax.Array,
+             episode: EpisodeConfig = EpisodeConfig(), success_threshold: float = 1.0,
+             ) -> tuple[dict[str, Any], list[Trajectory]]:
+    if k < 1:
+        raise ValueError(f"k={k}: expected an integer >= 1")
+    if not tasks:
+        raise ValueError("tasks: empty; expected at least one task id")
+    engine.set_params(params)
+    trajs = asyncio.run(run_episodes(engine, make_env, tokenizer, list(tasks), group_size=k, sampling=sampling,
+                                     key=key, config=episode))
+    metrics = episode_metrics(trajs, success_threshold)
+    ok = np.asarray([t.outcome_reward >= success_threshold - 1e-9 for t in trajs]).reshape(len(tasks), k)
+    metrics["k"] = k
+    metrics["tasks"] = len(tasks)
+    metrics["success_at_k_any"] = float(ok.any(axis=1).mean())
+    metrics["success_by_task"] = {task: float(row.mean()) for task, row in zip(tasks, ok)}
+    return metrics, trajs
+
+
+__all__ = ["evaluate"]
