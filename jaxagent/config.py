@@ -1,0 +1,193 @@
+"""The run configuration: one typed tree, loaded from YAML with dotted overrides (`configlib`).
+
+The defaults ARE the quickstart (``python -m jaxagent.launch`` with no arguments): a tiny
+Qwen-architecture model over the gyms' small tokenizer, an SFT warm start on expert
+demonstrations mixed with noise, then InfoPO RL on the telepathy gym, on whatever CPU runs it.
+Files in ``configs/`` change what differs from it (the paper-scale settings, other gyms, an LLM
+user over HTTP). Sections reuse the library's own frozen settings classes (`PPOConfig`,
+`InfoPOConfig`, `FacaConfig`, `GRPOConfig`, `OptimSettings`, `RLSettings`, `MeshConfig`,
+`LLMUserConfig`), so a field is validated in one place.
+
+    cfg = load_config("configs/infopo_7b.yaml", ["optim.lr=1e-6", "rl.group_size=8"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Literal
+
+from jaxagent import configlib
+from jaxagent.credit.fusion import InfoPOConfig
+from jaxagent.credit.grpo import GRPOConfig
+from jaxagent.credit.losses import PPOConfig
+from jaxagent.credit.reaction import FacaConfig
+from jaxagent.envs.llm_user import LLMUserConfig
+from jaxagent.models.sharding import MeshConfig
+from jaxagent.train.rl import RLSettings
+from jaxagent.train.step import OptimSettings
+
+JOBS = ("sft", "rl", "sft+rl", "eval")
+GYM_NAMES = ("intention", "telepathy", "function", "preference")
+BUILTIN_TOKENIZER = "builtin:gyms"
+
+_field = dataclasses.field
+
+
+def _help(default, text: str):
+    return _field(default=default, metadata={"help": text})
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    preset: str = _help("tiny-qwen2", "a preset name (see --help) used when path is null")
+    path: str | None = _help(None, "a local Hugging Face checkpoint directory (Qwen2/2.5/3)")
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    intermediate_size: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    dtype: Literal["float32", "bfloat16"] = _help("float32", "compute dtype")
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    remat: Literal["none", "full", "dots"] = "none"
+    attn_impl: Literal["xla", "cudnn"] = "xla"
+    init_seed: int = 0
+
+    def validate(self) -> None:
+        from jaxagent.models import preset_names
+
+        if self.path is None and self.preset not in preset_names():
+            raise ValueError(f"preset={self.preset!r}: expected one of {', '.join(preset_names())} "
+                             "(or set model.path to a checkpoint directory)")
+        for f in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                  "num_key_value_heads", "head_dim"):
+            v = getattr(self, f)
+            if v is not None and v < 1:
+                raise ValueError(f"{f}={v}: expected a positive integer or null")
+            if v is not None and self.path is not None:
+                raise ValueError(f"{f}={v}: shape overrides apply to presets only, not to model.path")
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSection:
+    kind: Literal["gym", "llm_user"] = _help("gym", "scripted gym, or an LLM user over HTTP")
+    gym: Literal["intention", "telepathy", "function", "preference"] = "telepathy"
+    max_steps: int | None = _help(None, "gym steps before the user gives up (null: the gym's default)")
+    train_tasks: int = 512
+    test_tasks: int = 64
+    task_seed: int = 0
+    llm_user: LLMUserConfig | None = None
+    user_tasks: str | None = _help(None, "llm_user: a JSON file {task_id: {profile, opening}}")
+
+    def validate(self) -> None:
+        if self.kind == "llm_user" and (self.llm_user is None or self.user_tasks is None):
+            raise ValueError("kind='llm_user': expected env.llm_user (base_url, model, ...) and env.user_tasks")
+        if self.train_tasks < 1 or self.test_tasks < 1:
+            raise ValueError(f"train_tasks={self.train_tasks}, test_tasks={self.test_tasks}: expected >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSection:
+    slots: int = _help(16, "decode lanes of the generation engine")
+    capacity: int = _help(1024, "KV-cache positions per lane")
+    park_rows: int = _help(-1, "rows that keep waiting sessions' prefixes (-1: one per episode)")
+    decode_steps: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 48
+    max_turns: int = 12
+    max_tokens: int = _help(1024, "an episode ends (max_tokens) before its context exceeds this")
+    retries: int = 2
+    timeout_s: float = 60.0
+
+    def validate(self) -> None:
+        if self.slots < 1 or self.decode_steps < 1 or self.max_new_tokens < 1 or self.max_turns < 1:
+            raise ValueError("slots, decode_steps, max_new_tokens and max_turns: expected integers >= 1")
+        if self.max_tokens > self.capacity:
+            raise ValueError(f"max_tokens={self.max_tokens}: expected <= capacity={self.capacity}")
+        if self.park_rows < -1:
+            raise ValueError(f"park_rows={self.park_rows}: expected -1 (one per episode) or >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSection:
+    steps: int = _help(150, "SFT updates (jobs sft and sft+rl)")
+    batch_size: int = 16
+    demos: int = _help(512, "expert demonstrations on train tasks")
+    noise: float = _help(0.15, "share of demo turns taken by the random policy (not trained on)")
+    lr: float | None = _help(None, "SFT learning rate (null: optim.lr)")
+
+    def validate(self) -> None:
+        if not 0.0 <= self.noise < 1.0:
+            raise ValueError(f"noise={self.noise}: expected a number in [0, 1)")
+        if self.steps < 0 or self.batch_size < 1 or self.demos < 1:
+            raise ValueError(f"steps={self.steps}, batch_size={self.batch_size}, demos={self.demos}: "
+                             "expected steps >= 0 and batch_size, demos >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+    k: int = _help(1, "runs per task (avg@k)")
+    tasks: int = _help(64, "held-out (test split) tasks")
+    temperature: float = _help(0.0, "0: greedy")
+    every: int = _help(10, "RL iterations between evaluations (0: only before and after)")
+
+    def validate(self) -> None:
+        if self.k < 1 or self.tasks < 1 or self.every < 0:
+            raise ValueError(f"k={self.k}, tasks={self.tasks}, every={self.every}: expected k, tasks >= 1, every >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+    every: int = _help(10, "RL iterations (or SFT steps) between checkpoints (0: only at the end)")
+    keep: int = 2
+    best_metric: str | None = "eval/success"
+    async_save: bool = True
+    export_hf: bool = _help(True, "write the final policy as a Hugging Face checkpoint")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    name: str = _help("quickstart", "runs/<name>/ holds everything the run writes")
+    job: Literal["sft", "rl", "sft+rl", "eval"] = "sft+rl"
+    runs_dir: str = "runs"
+    seed: int = 0
+    steps: int = _help(30, "RL iterations")
+    resume: bool = _help(False, "continue runs/<name>/ from its last complete checkpoint")
+    progress: bool = True
+    model: ModelSection = _field(default_factory=ModelSection)
+    tokenizer: str = _help(BUILTIN_TOKENIZER, "a tokenizer directory, or builtin:gyms")
+    mesh: MeshConfig = _field(default_factory=MeshConfig)
+    env: EnvSection = _field(default_factory=EnvSection)
+    rollout: RolloutSection = _field(default_factory=RolloutSection)
+    rl: RLSettings = _field(default_factory=lambda: RLSettings(credit="infopo", group_size=5, tasks_per_step=8,
+                                                               minibatch_size=20))
+    ppo: PPOConfig = _field(default_factory=lambda: PPOConfig(kl_coef=1e-3, entropy_coef=1e-3))
+    infopo: InfoPOConfig = _field(default_factory=InfoPOConfig)
+    faca: FacaConfig = _field(default_factory=FacaConfig)
+    grpo: GRPOConfig = _field(default_factory=GRPOConfig)
+    optim: OptimSettings = _field(default_factory=lambda: OptimSettings(lr=1e-3, warmup_steps=10, clip_norm=1.0))
+    sft: SFTSection = _field(default_factory=SFTSection)
+    eval: EvalSection = _field(default_factory=EvalSection)
+    checkpoint: CheckpointSection = _field(default_factory=CheckpointSection)
+
+    def validate(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"steps={self.steps}: expected >= 0")
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ValueError(f"name={self.name!r}: expected a directory name (no '/')")
+        if self.env.kind == "llm_user" and self.job in ("sft", "sft+rl"):
+            raise ValueError(f"job={self.job!r}: SFT demonstrations come from the scripted gyms; "
+                             "with env.kind='llm_user' use job rl or eval")
+
+
+def load_config(path: str | Path | None = None, overrides=()) -> RunConfig:
+    """The quickstart defaults (``RunConfig()``, whose sections may differ from their classes'
+    defaults), then the YAML file, then ``key=value`` overrides."""
+    return configlib.load(RunConfig, path, list(overrides), base=configlib.to_dict(RunConfig()))
+
+
+__all__ = ["BUILTIN_TOKENIZER", "GYM_NAMES", "JOBS", "CheckpointSection", "EnvSection", "EvalSection",
+           "ModelSection", "RolloutSection", "RunConfig", "SFTSection", "load_config"]

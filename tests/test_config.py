@@ -1,0 +1,56 @@
+"""The run configuration: the defaults are a valid quickstart, every file in configs/ loads,
+and bad values are errors that name the key."""
+
+from pathlib import Path
+
+import pytest
+
+from jaxagent import configlib
+from jaxagent.config import RunConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_are_the_quickstart():
+    cfg = load_config()
+    assert cfg == RunConfig()
+    assert cfg.job == "sft+rl" and cfg.rl.credit == "infopo" and cfg.env.gym == "telepathy"
+    assert configlib.from_dict(RunConfig, configlib.to_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_config_file_loads(path):
+    cfg = load_config(path)
+    assert cfg.name != RunConfig().name  # each file names its run
+
+
+def test_paper_scale_config():
+    cfg = load_config(ROOT / "configs" / "infopo_7b.yaml")
+    assert cfg.model.path and cfg.env.kind == "llm_user" and cfg.env.llm_user.api_key_env == "USER_SIM_API_KEY"
+    assert (cfg.rl.group_size, cfg.infopo.beta, cfg.ppo.kl_coef, cfg.optim.lr) == (5, 0.5, 1e-3, 1e-6)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("rl.credit=gpro", ["rl.credit", "'gpro'", "'infopo'"]),
+    ("optim.lrr=1", ["optim.lrr", "unknown key", "did you mean 'lr'"]),
+    ("model.preset=qwen9", ["model", "qwen9", "tiny-qwen2"]),
+    ("rollout.max_tokens=4096", ["rollout", "max_tokens=4096", "capacity=1024"]),
+    ("rl.minibatch_size=7", ["rl", "minibatch_size=7", "40"]),
+    ("ppo.clip_low=-1", ["ppo", "clip_low=-1"]),
+    ("sft.noise=1.5", ["sft", "noise=1.5"]),
+    ("env.kind=llm_user", ["env", "llm_user"]),
+    ("name=a/b", ["name='a/b'"]),
+    ("steps=many", ["steps", "'many'", "int"]),
+])
+def test_bad_values_name_the_key(override, words):
+    with pytest.raises(configlib.ConfigError) as e:
+        load_config(overrides=[override])
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_overrides_reach_nested_sections():
+    cfg = load_config(overrides=["optim.lr=3e-7", "rl.group_size=4", "rl.minibatch_size=32", "infopo.beta=0.3",
+                                 "mesh={data: 2, fsdp: 4}"])
+    assert cfg.optim.lr == 3e-7 and cfg.rl.group_size == 4 and cfg.infopo.beta == 0.3
+    assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor) == (2, 4, 1)
