@@ -1,40 +1,68 @@
-"""The entry point runs end to end on the CPU and fails loudly on bad arguments."""
+"""`python -m jaxagent.launch`: config errors name the key, --dry-run checks paper-scale configs
+without weights, and a small sft+rl job writes the run directory, checkpoints, an HF export and
+the summary, and resumes from its checkpoints."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from jaxagent.launch import main
 
-
-def test_demo_runs_and_reports(tmp_path, capsys):
-    out = tmp_path / "run"
-    assert main(["--model", "tiny-qwen3", "--out", str(out), "--batch", "8", "--seq", "16",
-                 "--prompt-len", "4", "--new-tokens", "3", "--mesh", "2,2,2"]) == 0
-    report = json.loads((out / "demo.json").read_text())
-    assert report["hf_round_trip_exact"] and report["greedy_consistent"]
-    assert report["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
-    assert len(report["continuation_row0"]) == 3
-    assert (out / "model" / "config.json").exists()
-    # The checkpoint it wrote loads back as a demo model too.
-    assert main(["--model", str(out / "model"), "--out", str(tmp_path / "again"), "--batch", "2", "--seq", "8",
-                 "--prompt-len", "2", "--new-tokens", "2", "--mesh", "1,-1,1"]) == 0
-    assert "loaded HF checkpoint" in capsys.readouterr().out
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["sft.steps=3", "sft.demos=8", "sft.batch_size=4", "steps=2", "eval.tasks=2", "eval.every=1",
+         "rl.tasks_per_step=2", "rl.group_size=2", "rl.minibatch_size=4", "rollout.max_turns=3", "rollout.slots=4",
+         "checkpoint.every=1", "progress=false"]
 
 
-def test_dry_run_allocates_nothing(tmp_path, capsys):
-    assert main(["--model", "qwen2.5-7b", "--dry-run", "--out", str(tmp_path / "x")]) == 0
-    text = capsys.readouterr().out
-    assert "7615.62M parameters" in text
-    assert not (tmp_path / "x").exists()
+def test_paper_scale_config_passes_dry_run(capsys):
+    assert main(["--config", str(ROOT / "configs" / "infopo_7b.yaml"), "--dry-run"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"] == "valid" and out["parameters_millions"] == 7615.62
+    assert out["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1} and out["devices_needed"] == 4
+    # bf16 weights split four ways (embeddings and layers are fsdp-sharded, norms and biases tiny)
+    assert abs(out["param_bytes_per_device"] - 2 * 7615616512 / 4) / (2 * 7615616512 / 4) < 0.01
+
+
+def test_quickstart_dry_run(capsys):
+    assert main(["--dry-run"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["job"] == "sft+rl" and out["credit"] == "infopo" and 0 < out["parameters"] < 1_000_000
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--mesh", "2,2"], "--mesh='2,2'"),
-    (["--batch", "0"], "--batch=0"),
-    (["--prompt-len", "9", "--seq", "8"], "--prompt-len=9"),
-    (["--model", "gpt2"], "model preset 'gpt2'"),
+    (["rl.credit=gpro"], "rl.credit: 'gpro' is not one of"),
+    (["optim.lrr=1"], "did you mean 'lr'"),
+    (["steps"], "argument 'steps': expected key=value"),
+    (["--config", "nope.yaml"], "nope.yaml"),
 ])
-def test_bad_arguments_are_named(argv, needle):
-    with pytest.raises((SystemExit, ValueError), match=needle.replace("[", r"\[")):
+def test_config_errors_are_named(argv, needle):
+    with pytest.raises(SystemExit, match=needle):
+        main(argv + ["--dry-run"])
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_small_job_writes_the_run_and_resumes(tmp_path, capsys):
+    argv = SMALL + [f"runs_dir={tmp_path}", "name=r"]
+    assert main(argv) == 0
+    run = tmp_path / "r"
+    summary = json.loads((run / "summary.json").read_text())
+    for k in ("success_before", "success_after", "wall_seconds", "steps", "credit"):
+        assert k in summary
+    assert summary["steps"] == 5 and summary["credit"] == "infopo"
+    assert (run / "config.yaml").exists() and (run / "hf" / "config.json").exists()
+    assert (run / "hf" / "tokenizer.json").exists()
+    assert sorted(p.name for p in (run / "trajectories").iterdir()) == ["iter_00000.jsonl", "iter_00001.jsonl"]
+    phases = [m["phase"] for m in _metrics(run)]
+    assert phases.count("rl") == 2 and phases.count("eval") == 3  # before, during (after iteration 1), after
+    # A second launch of the same name without resume refuses to overwrite it...
+    with pytest.raises(FileExistsError, match="resume=true"):
         main(argv)
+    # ... and with resume it finds both phases complete: no new SFT or RL step, same final eval.
+    assert main(argv + ["resume=true"]) == 0
+    again = _metrics(run)
+    assert [m["phase"] for m in again].count("rl") == 2
+    assert json.loads((run / "summary.json").read_text())["success_after"] == summary["success_after"]

@@ -1,0 +1,368 @@
+"""The jobs behind ``python -m jaxagent.launch``: build everything from a `RunConfig` and run it.
+
+Host orchestration only; the math lives in `jaxagent.train.step`, `jaxagent.train.rl` and
+`jaxagent.credit`. A run writes to ``runs/<name>/``:
+
+- ``config.yaml``: the resolved configuration;
+- ``metrics.jsonl``: one JSON object per SFT log step, RL iteration and evaluation
+  (``{"phase": "sft" | "rl" | "eval", "step": ..., ...}``), appended and flushed as it goes;
+- ``trajectories/iter_<i>.jsonl``: a sample of each RL iteration's episodes (re-scorable);
+- ``checkpoints/{sft,rl}/``: orbax checkpoints (see `jaxagent.train.checkpoint`);
+- ``hf/``: the final policy as a Hugging Face checkpoint (with the tokenizer's files);
+- ``summary.json``: ``success_before``, ``success_after``, ``wall_seconds``, ``steps``, ``credit``, ...
+
+Determinism: every random draw of step i (SFT batch, RL tasks, sampling keys) derives from
+``(seed, phase, i)``, so a resumed run replays exactly what the uninterrupted run would have done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent import configlib
+from jaxagent.config import BUILTIN_TOKENIZER, RunConfig
+from jaxagent.envs.base import Environment
+from jaxagent.models import DTypePolicy, LogicalRules, QwenConfig, make_mesh, preset, save_pretrained
+from jaxagent.models.generate import SamplingParams
+from jaxagent.models.hf import load_pretrained
+from jaxagent.models.sharding import batch_sharding, init_params_sharded
+from jaxagent.rollout.engine import GenerationEngine
+from jaxagent.rollout.loop import EpisodeConfig
+from jaxagent.text.tokenizer import Tokenizer, load_tokenizer
+from jaxagent.train.rl import RLTrainer
+from jaxagent.train.step import TrainState, learning_rate, make_optimizer, make_update, sft_loss_fn
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- building blocks
+def tokenizer_path(spec: str) -> Path:
+    if spec == BUILTIN_TOKENIZER:
+        return PACKAGE / "data" / "tokenizers" / "gyms"
+    return Path(spec)
+
+
+def build_tokenizer(cfg: RunConfig) -> Tokenizer:
+    return load_tokenizer(tokenizer_path(cfg.tokenizer))
+
+
+def model_config(cfg: RunConfig, vocab_size: int) -> QwenConfig:
+    """The preset with the run's shape overrides (vocab rounded up to a multiple of 64), or the
+    checkpoint's config.json."""
+    m = cfg.model
+    dtype = DTypePolicy(m.param_dtype, m.dtype)
+    if m.path is not None:
+        hf = json.loads((Path(m.path) / "config.json").read_text())
+        return QwenConfig.from_hf_dict(hf, dtype=dtype, remat=m.remat)
+    shape = {f: getattr(m, f) for f in ("hidden_size", "num_hidden_layers", "intermediate_size",
+                                        "num_attention_heads", "num_key_value_heads", "head_dim")
+             if getattr(m, f) is not None}
+    return preset(m.preset, vocab_size=-(-vocab_size // 64) * 64, dtype=dtype, remat=m.remat,
+                  max_position_embeddings=max(cfg.rollout.capacity, 2048), **shape)
+
+
+def build_model(cfg: RunConfig, tok: Tokenizer, rules: LogicalRules) -> tuple[QwenConfig, Any]:
+    m = cfg.model
+    if m.path is not None:
+        return load_pretrained(m.path, dtype=DTypePolicy(m.param_dtype, m.dtype), rules=rules, remat=m.remat)
+    qcfg = model_config(cfg, tok.vocab_size)
+    return qcfg, init_params_sharded(jax.random.key(m.init_seed), qcfg, rules)
+
+
+def build_env(cfg: RunConfig) -> tuple[Callable[[], Environment], list[str], list[str]]:
+    """(environment factory, train task ids, test task ids)."""
+    e = cfg.env
+    if e.kind == "gym":
+        from jaxagent.envs.gyms import GYMS
+
+        spec = GYMS[e.gym]
+        return (lambda: spec.env(max_steps=e.max_steps), spec.make_tasks("train", e.train_tasks, e.task_seed),
+                spec.make_tasks("test", e.test_tasks, e.task_seed))
+    from jaxagent.envs.llm_user import LLMUserClient
+    from jaxagent.envs.user_env import LLMUserEnv
+
+    path = Path(e.user_tasks)
+    try:
+        tasks = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise configlib.ConfigError(f"env.user_tasks={str(path)!r}: expected a readable JSON file of "
+                                    f"{{task_id: {{profile, opening}}}} ({err})") from None
+    ids = sorted(tasks)
+    n_test = min(e.test_tasks, max(1, len(ids) // 5))
+    client = LLMUserClient(e.llm_user)
+    make = lambda: LLMUserEnv(client, tasks, max_user_turns=cfg.rollout.max_turns)  # noqa: E731
+    return make, ids[n_test:][: e.train_tasks], ids[:n_test]
+
+
+def sampling_params(cfg: RunConfig, tok: Tokenizer, *, temperature: float | None = None) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
+                          top_k=r.top_k, max_new_tokens=r.max_new_tokens, stop_tokens=tuple(tok.eos_token_ids))
+
+
+def episode_config(cfg: RunConfig) -> EpisodeConfig:
+    r = cfg.rollout
+    return EpisodeConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, retries=r.retries, timeout_s=r.timeout_s)
+
+
+def param_count(params) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+def step_key(seed: int, phase: str, i: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), {"sft": 1, "rl": 2, "eval": 3}[phase]), i)
+
+
+def step_rng(seed: int, phase: str, i: int) -> np.random.Generator:
+    return np.random.default_rng([seed, {"sft": 1, "rl": 2, "eval": 3}[phase], i])
+
+
+# ----------------------------------------------------------------------------- run directory
+class RunLog:
+    """``runs/<name>/``: metrics.jsonl (appended, flushed) and a one-line progress report."""
+
+    def __init__(self, run_dir: Path, progress: bool = True):
+        self.dir = run_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.progress = progress
+        self._metrics = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
+
+    def log(self, phase: str, step: int, metrics: dict[str, Any], show: tuple[str, ...] = ()) -> None:
+        rec = {"phase": phase, "step": step, "time": time.time(), **metrics}
+        self._metrics.write(json.dumps(rec, default=_json_default) + "\n")
+        self._metrics.flush()
+        if self.progress:
+            parts = [f"{k}={_fmt(metrics[k])}" for k in show if k in metrics]
+            print(f"[{phase} {step}] " + " ".join(parts), file=sys.stderr, flush=True)
+
+    def read(self) -> list[dict[str, Any]]:
+        path = self.dir / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+    def close(self) -> None:
+        self._metrics.close()
+
+
+def _json_default(x):
+    if isinstance(x, (np.generic, jax.Array)):
+        return np.asarray(x).tolist()
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+# ----------------------------------------------------------------------------- SFT
+def sft_data(cfg: RunConfig, tok: Tokenizer) -> list[tuple[list[int], list[bool]]]:
+    from jaxagent.envs.gyms.demos import expert_demos, render_demo
+
+    demos = expert_demos(cfg.env.gym, "train", cfg.sft.demos, seed=cfg.env.task_seed, noise=cfg.sft.noise)
+    rendered = [render_demo(d, tok) for d in demos]
+    kept = [(ids, mask) for ids, mask in rendered if len(ids) <= cfg.rollout.capacity]
+    if not kept:
+        raise ValueError(f"rollout.capacity={cfg.rollout.capacity}: shorter than every demonstration")
+    return kept
+
+
+def sft_batch(data, idx: np.ndarray, multiple: int = 64) -> dict[str, np.ndarray]:
+    L = -(-max(len(data[i][0]) for i in idx) // multiple) * multiple
+    tokens = np.zeros((len(idx), L), np.int32)
+    mask = np.zeros((len(idx), L), np.float32)
+    for r, i in enumerate(idx):
+        ids, m = data[i]
+        tokens[r, : len(ids)] = ids
+        mask[r, : len(m)] = m
+    return {"tokens": tokens, "loss_mask": mask}
+
+
+# ----------------------------------------------------------------------------- the run
+@dataclasses.dataclass
+class Run:
+    cfg: RunConfig
+    run_dir: Path
+    tok: Tokenizer
+    qcfg: QwenConfig
+    params: Any
+    rules: LogicalRules
+    make_env: Callable[[], Environment]
+    train_tasks: list[str]
+    test_tasks: list[str]
+    engine: GenerationEngine
+    log: RunLog
+
+
+def prepare(cfg: RunConfig) -> Run:
+    run_dir = Path(cfg.runs_dir) / cfg.name
+    if run_dir.exists() and not cfg.resume and any((run_dir / "checkpoints").glob("*/*")):
+        raise FileExistsError(f"{run_dir}: a run with checkpoints exists; set resume=true to continue it or pick "
+                              "another name=")
+    mesh = make_mesh(cfg.mesh)
+    rules = LogicalRules(mesh)
+    tok = build_tokenizer(cfg)
+    qcfg, params = build_model(cfg, tok, rules)
+    make_env, train_tasks, test_tasks = build_env(cfg)
+    r = cfg.rollout
+    park = r.park_rows if r.park_rows >= 0 else cfg.rl.group_size * cfg.rl.tasks_per_step
+    engine = GenerationEngine(params, qcfg, slots=r.slots, capacity=r.capacity, park_rows=park,
+                              decode_steps=r.decode_steps, vocab_limit=tok.vocab_size)
+    log = RunLog(run_dir, cfg.progress)
+    (run_dir / "config.yaml").write_text(configlib.dump_yaml(cfg))
+    return Run(cfg, run_dir, tok, qcfg, params, rules, make_env, train_tasks, test_tasks, engine, log)
+
+
+def run_eval(run: Run, params, label: str, step: int) -> dict[str, Any]:
+    from jaxagent.train.evaluate import evaluate
+
+    cfg = run.cfg
+    tasks = run.test_tasks[: cfg.eval.tasks]
+    t0 = time.perf_counter()
+    m, _ = evaluate(params, run.engine, run.make_env, run.tok, tasks, k=cfg.eval.k,
+                    sampling=sampling_params(cfg, run.tok, temperature=cfg.eval.temperature),
+                    key=step_key(cfg.seed, "eval", step), episode=episode_config(cfg),
+                    success_threshold=cfg.rl.success_threshold)
+    m = {k: v for k, v in m.items() if k != "success_by_task"}
+    m["wall_s"] = time.perf_counter() - t0
+    run.log.log("eval", step, dict(m, label=label), show=("success", "reward", "turns", "label"))
+    return m
+
+
+def run_sft(run: Run, params):
+    from jaxagent.train.checkpoint import Checkpointer
+
+    cfg = run.cfg
+    s = cfg.sft
+    optim = cfg.optim if s.lr is None else dataclasses.replace(cfg.optim, lr=s.lr)
+    tx = make_optimizer(optim)
+    update = make_update(sft_loss_fn(run.qcfg), tx, lr_schedule=learning_rate(optim))
+    state = TrainState.create(params, tx)
+    ckpt = Checkpointer(run.run_dir / "checkpoints" / "sft", keep=cfg.checkpoint.keep,
+                        async_save=cfg.checkpoint.async_save)
+    start = 0
+    if cfg.resume and ckpt.latest_step() is not None:
+        state, meta = ckpt.restore(_abstract(state))
+        start = int(meta["next_step"])
+    data = sft_data(run.cfg, run.tok) if start < s.steps else []
+    for i in range(start, s.steps):
+        idx = step_rng(cfg.seed, "sft", i).choice(len(data), size=min(s.batch_size, len(data)), replace=False)
+        batch = {k: jax.device_put(v, batch_sharding(run.rules, shape=v.shape)) for k, v in sft_batch(data, idx).items()}
+        state, m = update(state, batch)
+        if i % 10 == 0 or i == s.steps - 1:
+            run.log.log("sft", i, {k: float(v) for k, v in jax.device_get(m).items()}, show=("loss", "nll", "grad_norm"))
+        if cfg.checkpoint.every and (i + 1) % cfg.checkpoint.every == 0 and i + 1 < s.steps:
+            ckpt.save(i + 1, state, {"next_step": i + 1})
+    if s.steps and start < s.steps:
+        ckpt.save(s.steps, state, {"next_step": s.steps}, force=True)
+    ckpt.wait()
+    ckpt.close()
+    return state.params
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def run_rl(run: Run, params) -> tuple[Any, int]:
+    from jaxagent.train.checkpoint import Checkpointer
+
+    cfg = run.cfg
+    tx = make_optimizer(cfg.optim)
+    state = TrainState.create(params, tx)
+    trainer = RLTrainer(state, tx, config=run.qcfg, tokenizer=run.tok, make_env=run.make_env, settings=cfg.rl,
+                        ppo=cfg.ppo, sampling=sampling_params(cfg, run.tok), episode=episode_config(cfg),
+                        engine=run.engine, infopo=cfg.infopo, faca=cfg.faca, grpo=cfg.grpo,
+                        lr_schedule=learning_rate(cfg.optim))
+    ckpt = Checkpointer(run.run_dir / "checkpoints" / "rl", keep=cfg.checkpoint.keep,
+                        best_metric=cfg.checkpoint.best_metric, async_save=cfg.checkpoint.async_save)
+    start = 0
+    if cfg.resume and ckpt.latest_step() is not None:
+        restored, meta = ckpt.restore(_abstract({"state": trainer.state, "ref": trainer.ref_params}))
+        trainer.state, trainer.ref_params = restored["state"], restored["ref"]
+        start = int(meta["next_iter"])
+    traj_dir = run.run_dir / "trajectories"
+    traj_dir.mkdir(exist_ok=True)
+    last_eval: dict[str, Any] = {}
+    for i in range(start, cfg.steps):
+        rng = step_rng(cfg.seed, "rl", i)
+        tasks = [run.train_tasks[j] for j in rng.choice(len(run.train_tasks), cfg.rl.tasks_per_step, replace=False)]
+        metrics, trajs = trainer.iteration(tasks, step_key(cfg.seed, "rl", i))
+        run.log.log("rl", i, metrics, show=("success", "reward", "turns", "info/gain_mean", "info/gate_mean",
+                                             "update/kl_ref", "tokens_per_s"))
+        with open(traj_dir / f"iter_{i:05d}.jsonl", "w", encoding="utf-8") as f:
+            for t in trajs[: 2 * cfg.rl.group_size]:
+                f.write(json.dumps(t.to_dict()) + "\n")
+        done = i + 1
+        if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.steps:
+            last_eval = run_eval(run, trainer.state.params, "during", done)
+        if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < cfg.steps:
+            ckpt.save(done, {"state": trainer.state, "ref": trainer.ref_params}, {"next_iter": done},
+                      metrics={"eval/success": last_eval.get("success", 0.0)})
+    if cfg.steps and start < cfg.steps:
+        ckpt.save(cfg.steps, {"state": trainer.state, "ref": trainer.ref_params}, {"next_iter": cfg.steps},
+                  metrics={"eval/success": last_eval.get("success", 0.0)}, force=True)
+    ckpt.wait()
+    ckpt.close()
+    return trainer.state.params, int(trainer.state.step)
+
+
+def run_job(cfg: RunConfig) -> dict[str, Any]:
+    """Runs ``cfg.job`` and returns (and writes) the summary."""
+    t0 = time.perf_counter()
+    run = prepare(cfg)
+    before = _previous_eval(run, "before") if cfg.resume else None
+    if before is None:
+        before = run_eval(run, run.params, "before", 0)
+    params, steps = run.params, 0
+    if cfg.job in ("sft", "sft+rl"):
+        params = run_sft(run, params)
+        steps += cfg.sft.steps
+    if cfg.job in ("rl", "sft+rl"):
+        params, rl_steps = run_rl(run, params)
+        steps += cfg.steps
+    after = run_eval(run, params, "after", steps) if cfg.job != "eval" else before
+    if cfg.checkpoint.export_hf and cfg.job != "eval":
+        _export(run, params)
+    summary = {
+        "name": cfg.name, "job": cfg.job, "credit": cfg.rl.credit if cfg.job in ("rl", "sft+rl") else None,
+        "gym": cfg.env.gym if cfg.env.kind == "gym" else None, "model_params": param_count(params),
+        "success_before": before["success"], "success_after": after["success"],
+        "reward_before": before["reward"], "reward_after": after["reward"],
+        "turns_before": before["turns"], "turns_after": after["turns"],
+        "eval_tasks": before["tasks"], "eval_k": before["k"], "steps": steps,
+        "wall_seconds": time.perf_counter() - t0, "devices": [str(d) for d in jax.devices()],
+    }
+    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    run.log.close()
+    return summary
+
+
+def _previous_eval(run: Run, label: str) -> dict[str, Any] | None:
+    for rec in run.log.read():
+        if rec.get("phase") == "eval" and rec.get("label") == label:
+            return rec
+    return None
+
+
+def _export(run: Run, params) -> None:
+    out = run.run_dir / "hf"
+    save_pretrained(out, run.qcfg, jax.device_get(params))
+    src = tokenizer_path(run.cfg.tokenizer)
+    if src.is_dir():
+        for f in src.iterdir():
+            if f.is_file() and not (out / f.name).exists() and f.name != "README.md":
+                shutil.copy2(f, out / f.name)
+
+
+__all__ = ["Run", "RunLog", "build_env", "build_model", "build_tokenizer", "model_config", "param_count", "prepare",
+           "run_job", "sft_batch", "sft_data", "step_key", "step_rng"]
