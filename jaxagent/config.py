@@ -96,7 +96,7 @@ class RolloutSection:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    max_new_tokens: int = 48
+    max_new_tokens: int = 96
     max_turns: int = 12
     max_tokens: int = _help(1024, "an episode ends (max_tokens) before its context exceeds this")
     retries: int = 2
