@@ -101,6 +101,7 @@ class RolloutSection:
     max_tokens: int = _help(1024, "an episode ends (max_tokens) before its context exceeds this")
     retries: int = 2
     timeout_s: float = 60.0
+    tool_schemas_in_prompt: bool = _help(True, "render the tools' JSON schemas into the system prompt")
 
     def validate(self) -> None:
         if self.slots < 1 or self.decode_steps < 1 or self.max_new_tokens < 1 or self.max_turns < 1:

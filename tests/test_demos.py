@@ -129,7 +129,7 @@ class ScriptedEngine:
         pass
 
 
-def rollout_of(demo: Demo, seed: int, tok):
+def rollout_of(demo: Demo, seed: int, tok, schemas: bool = True):
     """The rollout loop's trajectory when the policy generates exactly the demo's assistant turns."""
     import jax
 
@@ -142,16 +142,18 @@ def rollout_of(demo: Demo, seed: int, tok):
     traj = asyncio.run(rollout_episode(
         engine, env, tok, task_id=demo.task_id, seed=seed, group_id=0,
         sampling=SamplingParams(max_new_tokens=64, stop_tokens=tok.eos_token_ids), key=jax.random.PRNGKey(0),
-        config=EpisodeConfig(max_turns=32, max_tokens=8192)))
+        config=EpisodeConfig(max_turns=32, max_tokens=8192, tool_schemas_in_prompt=schemas)))
     assert traj.termination == "done" and not engine.turns
     return traj
 
 
-def test_demo_tokens_are_the_rollout_loops(tok, demos, noisy):
+@pytest.mark.parametrize("schemas", [True, False])
+def test_demo_tokens_are_the_rollout_loops(tok, demos, noisy, schemas):
     for name in NAMES:
         for seed, demo in [(0, demos[name][0]), (3, demos[name][3])] + list(enumerate(noisy[name]))[:2]:
-            ids, mask = render_demo(demo, tok)
-            traj = rollout_of(demo, seed, tok)
+            ids, mask = render_demo(demo, tok, tool_schemas_in_prompt=schemas)
+            traj = rollout_of(demo, seed, tok, schemas)
+            assert (TOOL_SCHEMA["function"]["description"] in tok.decode(ids)) == schemas
             assert traj.tokens == ids, demo.task_id
             assert traj.outcome_reward == demo.reward
             assert len(traj.spans) == len(demo.messages)

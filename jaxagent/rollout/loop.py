@@ -34,6 +34,7 @@ class EpisodeConfig:
     max_tokens: int = 2048
     retries: int = 2
     timeout_s: float = 60.0
+    tool_schemas_in_prompt: bool = True  # False: the tools are not rendered into the system prompt
 
 
 async def _call(fn, cfg: EpisodeConfig, counters: dict):
@@ -76,7 +77,7 @@ async def run_episode(
         timings["env_s"] += time.perf_counter() - t
         if reset is None:
             raise _Failure
-        chat = ChatRenderer(tokenizer, tools=list(reset.tools) or None)
+        chat = ChatRenderer(tokenizer, tools=(list(reset.tools) or None) if config.tool_schemas_in_prompt else None)
         chat.add(*[m.to_chat() for m in reset.messages])
         for turn in range(config.max_turns):
             # room for the generation prompt (a few template tokens) and the longest answer

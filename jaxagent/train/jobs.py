@@ -113,7 +113,8 @@ def sampling_params(cfg: RunConfig, tok: Tokenizer, *, temperature: float | None
 
 def episode_config(cfg: RunConfig) -> EpisodeConfig:
     r = cfg.rollout
-    return EpisodeConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, retries=r.retries, timeout_s=r.timeout_s)
+    return EpisodeConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, retries=r.retries, timeout_s=r.timeout_s,
+                         tool_schemas_in_prompt=r.tool_schemas_in_prompt)
 
 
 def param_count(params) -> int:
@@ -169,7 +170,7 @@ def sft_data(cfg: RunConfig, tok: Tokenizer) -> list[tuple[list[int], list[bool]
     from jaxagent.envs.gyms.demos import expert_demos, render_demo
 
     demos = expert_demos(cfg.env.gym, "train", cfg.sft.demos, seed=cfg.env.task_seed, noise=cfg.sft.noise)
-    rendered = [render_demo(d, tok) for d in demos]
+    rendered = [render_demo(d, tok, tool_schemas_in_prompt=cfg.rollout.tool_schemas_in_prompt) for d in demos]
     kept = [(ids, mask) for ids, mask in rendered if len(ids) <= cfg.rollout.capacity]
     if not kept:
         raise ValueError(f"rollout.capacity={cfg.rollout.capacity}: shorter than every demonstration")

@@ -165,16 +165,19 @@ def _generated_ids(chat: ChatRenderer, message: dict[str, Any]) -> list[int]:
     return ids
 
 
-def render_demo(demo: Demo, tokenizer: Tokenizer) -> tuple[list[int], list[bool]]:
+def render_demo(demo: Demo, tokenizer: Tokenizer, *, tool_schemas_in_prompt: bool = True,
+                ) -> tuple[list[int], list[bool]]:
     """Token ids of ``demo`` and a per-token loss mask: True exactly on the generated tokens
     (content and end-of-turn token) of the assistant turns with ``train=True``.
+    ``tool_schemas_in_prompt=False`` leaves the tool schemas out of the system prompt, as
+    `EpisodeConfig.tool_schemas_in_prompt` does for rollouts.
 
     Rendered token-in/token-out with :class:`~jaxagent.text.chat.ChatRenderer` as the rollout loop
     renders an episode: the reset's messages in one ``add``, each assistant turn appended with
     ``start_generation`` / ``append_generated`` (its template text encoded), each step's answers in
     one ``add``, then ``finish``.
     """
-    chat = ChatRenderer(tokenizer, tools=list(demo.tools) or None)
+    chat = ChatRenderer(tokenizer, tools=(list(demo.tools) or None) if tool_schemas_in_prompt else None)
     scored: list[int] = []
     pending: list[dict] = []
     for i, (message, train) in enumerate(zip(demo.messages, demo.train)):
