@@ -40,8 +40,8 @@ def test_one_iteration_updates_the_policy_with_finite_metrics(credit):
     tasks = GYMS["telepathy"].make_tasks("train", 2, seed=0)
     metrics, trajs = trainer.iteration(tasks, jax.random.key(1))
     assert len(trajs) == 4 and metrics["episodes"] == 4
-    assert metrics["step"] + metrics["skipped_updates"] == 4  # 2 epochs x 2 minibatches
-    assert metrics["step"] >= 1
+    assert metrics["updates"] + metrics["skipped_updates"] == 4  # 2 epochs x 2 minibatches
+    assert metrics["updates"] >= 1
     changed = any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before),
                                                            jax.tree.leaves(trainer.state.params)))
     assert changed

@@ -163,7 +163,7 @@ class RLTrainer:
         n_tok = int(np.asarray(batch.pad_mask_BL).sum())
         metrics.update({"time/rollout_s": t_roll, "time/credit_s": t_credit, "time/update_s": t_update,
                         "tokens": n_tok, "tokens_per_s": n_tok / max(t_roll + t_credit + t_update, 1e-9),
-                        "step": int(self.state.step), "skipped_updates": int(self.state.skipped)})
+                        "updates": int(self.state.step), "skipped_updates": int(self.state.skipped)})
         return metrics, trajs
 
 
