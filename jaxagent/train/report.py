@@ -1,0 +1,419 @@
+"""Reports on a run: read ``runs/<name>/metrics.jsonl`` back and turn it into plots, TensorBoard
+scalars, InfoPO-style collapse diagnostics and a before/after table.
+
+Input: `jaxagent.train.jobs.RunLog` writes one JSON object per line,
+``{"phase": "sft" | "rl" | "eval", "step": int, "time": unix_seconds, ...metrics}``.
+
+Outputs:
+
+- `read_metrics(path)`: the records, in file order. Blank lines are skipped; a truncated last line
+  (the process died mid-write) is dropped; a line where a resumed run appended a whole record to
+  such a partial line keeps the whole record.
+- `TensorBoardWriter(log_dir).scalars(step, metrics, prefix)`: one TensorBoard scalar
+  ``<prefix>/<key>`` per finite number in ``metrics`` (lists, strings, None, NaN and inf are
+  skipped; so are the record keys ``step`` and ``time``). `export_tensorboard` replays a whole
+  metrics list (prefix = phase, wall time = the record's ``time``).
+- `plot_run(metrics, out_dir)`: PNG files (matplotlib, Agg canvas, no display, pyplot untouched):
+    * ``reward.png``: RL outcome reward and success rate per RL iteration, with the evaluations'
+      success rates as labelled points (``before`` at iteration 0, ``during`` at its step = the
+      number of RL iterations done, ``after`` one past the last RL iteration);
+    * ``turns_length.png``: two panels, turns per episode and response tokens per turn, per RL
+      iteration;
+    * ``infogain_heatmap.png``: information gain by action-turn (y, 1 = first action turn) over RL
+      iterations (x), from ``info/gain_by_turn`` (as in the InfoPO paper's Figure 6); grey cells
+      are turn indices with no value in that iteration (no episode reached that turn);
+    * ``sft_loss.png``: SFT loss (and NLL) per SFT step.
+  A plot whose data is absent is not written; the paths written are returned.
+- `infopo_diagnostics(metrics)`: the numbers that tell whether RL training collapsed (see the
+  function for the rule).
+- `summary_table(before, after)`: a fixed-width ``metric | before | after | change`` text table
+  for the end-of-run printout.
+
+Resumed runs re-run (and re-log) the iterations after their last checkpoint, so a metrics file can
+hold a step twice; plots and diagnostics keep the last record per (phase, step[, label]).
+
+``python -m jaxagent.train.report runs/<name> [--tensorboard]`` writes the plots to
+``runs/<name>/plots/`` (and the scalars to ``runs/<name>/tb/``) and prints the diagnostics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+
+# A run collapsed when its evaluated success fell this far from its best, or when the policy's
+# entropy fell below this fraction of its first value.
+COLLAPSE_DROP = 0.2
+COLLAPSE_ENTROPY_RATIO = 0.05
+
+_RECORD_KEYS = ("step", "time")
+
+
+# ----------------------------------------------------------------------------- reading
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` file, in file order.
+
+    Blank lines are skipped and an unparsable last line (a crash mid-write) is ignored. A resumed
+    run appends to such a partial line, so an unparsable line in the middle keeps the complete
+    record that ends it; a middle line with no complete record raises ``ValueError`` (path:line).
+    """
+    path = Path(path)
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    out: list[dict[str, Any]] = []
+    for k, (lineno, line) in enumerate(numbered):
+        rec = _parse_record(line)
+        if rec is None:
+            if k == len(numbered) - 1:
+                break  # truncated last line
+            raise ValueError(f"{path}:{lineno}: not a JSON object: {line[:80]!r}")
+        out.append(rec)
+    return out
+
+
+def _parse_record(line: str) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(line)
+        return rec if isinstance(rec, dict) else None
+    except json.JSONDecodeError:
+        pass
+    # a partial record followed by a complete one: the complete one starts at some later "{"
+    start = line.find("{", 1)
+    while start != -1:
+        try:
+            rec = json.loads(line[start:])
+            if isinstance(rec, dict):
+                return rec
+        except json.JSONDecodeError:
+            pass
+        start = line.find("{", start + 1)
+    return None
+
+
+def _finite(v: Any) -> float | None:
+    """``v`` as a float when it is a finite real number (bools count as 0/1), else None."""
+    if isinstance(v, (bool, int, float, np.integer, np.floating)):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    return None
+
+
+def _phase(metrics: Iterable[Mapping[str, Any]], phase: str) -> list[Mapping[str, Any]]:
+    """The records of one phase, the last one per step (per (step, label) for evaluations).
+
+    SFT and RL records are sorted by step; evaluation records keep file order (of their last copy).
+    """
+    last: dict[Any, tuple[int, Mapping[str, Any]]] = {}
+    for i, rec in enumerate(metrics):
+        if rec.get("phase") != phase:
+            continue
+        key = (rec.get("step"), rec.get("label")) if phase == "eval" else rec.get("step")
+        last[key] = (i, rec)
+    recs = sorted(last.values(), key=lambda t: t[0])
+    if phase != "eval":
+        recs.sort(key=lambda t: (t[1].get("step") is None, t[1].get("step") or 0, t[0]))
+    return [r for _, r in recs]
+
+
+def _series(recs: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
+    return np.array([np.nan if _finite(r.get(key)) is None else _finite(r.get(key)) for r in recs], np.float64)
+
+
+def _steps(recs: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    return np.array([r.get("step", i) for i, r in enumerate(recs)], np.float64)
+
+
+# ----------------------------------------------------------------------------- TensorBoard
+class TensorBoardWriter:
+    """TensorBoard scalars through ``tensorboardX.SummaryWriter`` (event files under ``log_dir``)."""
+
+    def __init__(self, log_dir: str | Path):
+        from tensorboardX import SummaryWriter
+
+        self.log_dir = Path(log_dir)
+        self._writer = SummaryWriter(logdir=str(self.log_dir))
+
+    def scalars(self, step: int, metrics: Mapping[str, Any], prefix: str, walltime: float | None = None,
+                skip: Sequence[str] = _RECORD_KEYS) -> int:
+        """Writes ``<prefix>/<key>`` for every finite number in ``metrics`` (not the keys in ``skip``);
+        lists, strings, None and NaN/inf are skipped. Returns how many scalars were written."""
+        n = 0
+        for key, value in metrics.items():
+            v = _finite(value)
+            if v is None or key in skip:
+                continue
+            tag = f"{prefix}/{key}" if prefix else str(key)
+            self._writer.add_scalar(tag, v, global_step=int(step), walltime=walltime)
+            n += 1
+        return n
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def export_tensorboard(metrics: Iterable[Mapping[str, Any]], log_dir: str | Path) -> int:
+    """Replays a metrics list into TensorBoard: prefix = the record's phase, step = its step, wall
+    time = its ``time``. Returns the number of scalars written."""
+    n = 0
+    with TensorBoardWriter(log_dir) as tb:
+        for i, rec in enumerate(metrics):
+            body = {k: v for k, v in rec.items() if k != "phase"}
+            n += tb.scalars(int(rec.get("step", i)), body, str(rec.get("phase", "metrics")),
+                            walltime=_finite(rec.get("time")))
+    return n
+
+
+# ----------------------------------------------------------------------------- plots
+def gain_by_turn_matrix(metrics: Iterable[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps [S], gain [T, S])``: ``info/gain_by_turn`` of the RL records as a turn x iteration
+    grid over every RL step from the first to the last that has the key; NaN where an iteration
+    has no record, or no value (None/NaN) for that turn index. ``S == 0`` when no record has it."""
+    recs = [r for r in _phase(metrics, "rl") if isinstance(r.get("info/gain_by_turn"), list)
+            and isinstance(r.get("step"), int)]
+    if not recs:
+        return np.zeros((0,), np.int64), np.zeros((0, 0), np.float64)
+    first, last = recs[0]["step"], recs[-1]["step"]
+    steps = np.arange(first, last + 1)
+    turns = max(len(r["info/gain_by_turn"]) for r in recs)
+    grid = np.full((turns, len(steps)), np.nan)
+    for r in recs:
+        for t, g in enumerate(r["info/gain_by_turn"]):
+            v = _finite(g)
+            if v is not None:
+                grid[t, r["step"] - first] = v
+    return steps, grid
+
+
+def _eval_x(rec: Mapping[str, Any], rl_steps: np.ndarray) -> float:
+    label = rec.get("label")
+    if len(rl_steps) and label == "before":
+        return 0.0
+    if len(rl_steps) and label == "after":
+        return float(np.nanmax(rl_steps) + 1)
+    return float(rec.get("step", 0))
+
+
+def _new_figure(nrows: int = 1, height: float = 4.5):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(nrows, 1, i + 1) for i in range(nrows)]
+    return fig, axes
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, format="png", metadata={"Software": None})
+    return path
+
+
+def plot_run(metrics: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[Path]:
+    """Writes the run's PNG plots (see the module docstring) to ``out_dir``; returns their paths.
+    A plot whose data is absent is skipped."""
+    out = Path(out_dir)
+    written: list[Path] = []
+    rl, ev, sft = _phase(metrics, "rl"), _phase(metrics, "eval"), _phase(metrics, "sft")
+    x = _steps(rl)
+
+    reward, success = _series(rl, "reward"), _series(rl, "success")
+    if np.isfinite(reward).any() or np.isfinite(success).any():
+        out.mkdir(parents=True, exist_ok=True)
+        fig, (ax,) = _new_figure()
+        if np.isfinite(reward).any():
+            ax.plot(x, reward, color="tab:blue", lw=1.5, label="RL reward")
+        if np.isfinite(success).any():
+            ax.plot(x, success, color="tab:green", lw=1.5, label="RL success")
+        pts = [(_eval_x(r, x), _finite(r.get("success")), str(r.get("label", ""))) for r in ev]
+        pts = [p for p in pts if p[1] is not None]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="tab:red", marker="D", zorder=3,
+                       label="eval success")
+            for px, py, label in pts:
+                ax.annotate(f"{label} {py:.2f}".strip(), (px, py), textcoords="offset points", xytext=(4, 6),
+                            fontsize=8, color="tab:red")
+        ax.margins(x=0.08, y=0.12)  # room for the points' labels
+        ax.set_xlabel("RL iteration")
+        ax.set_ylabel("reward / success")
+        ax.set_title("Outcome reward and success")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+        written.append(_save(fig, out / "reward.png"))
+
+    turns, tokens = _series(rl, "turns"), _series(rl, "response_tokens")
+    if np.isfinite(turns).any() or np.isfinite(tokens).any():
+        out.mkdir(parents=True, exist_ok=True)
+        fig, (ax1, ax2) = _new_figure(2, height=6)
+        ax1.plot(x, turns, color="tab:purple", lw=1.5)
+        ax1.set_ylabel("turns / episode")
+        ax1.set_title("Episode turns and response length")
+        ax2.plot(x, tokens, color="tab:orange", lw=1.5)
+        ax2.set_ylabel("response tokens / turn")
+        ax2.set_xlabel("RL iteration")
+        for a in (ax1, ax2):
+            a.grid(alpha=0.3)
+        written.append(_save(fig, out / "turns_length.png"))
+
+    steps, grid = gain_by_turn_matrix(metrics)
+    if grid.size:
+        import matplotlib
+        from matplotlib.colors import TwoSlopeNorm
+
+        out.mkdir(parents=True, exist_ok=True)
+        fig, (ax,) = _new_figure()
+        vals = grid[np.isfinite(grid)]
+        lo, hi = (float(vals.min()), float(vals.max())) if vals.size else (0.0, 1.0)
+        if lo < 0 < hi:
+            cmap, norm = matplotlib.colormaps["RdBu_r"], TwoSlopeNorm(0.0, lo, hi)
+        else:
+            cmap, norm = matplotlib.colormaps["viridis"], None
+        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", origin="lower", interpolation="nearest",
+                       cmap=cmap.with_extremes(bad="lightgrey"), norm=norm,
+                       extent=(steps[0] - 0.5, steps[-1] + 0.5, 0.5, grid.shape[0] + 0.5))
+        fig.colorbar(im, ax=ax, label="information gain")
+        ax.set_xlabel("RL iteration")
+        ax.set_ylabel("action turn")
+        if grid.shape[0] <= 20:
+            ax.set_yticks(range(1, grid.shape[0] + 1))
+        ax.set_title("Information gain by turn")
+        written.append(_save(fig, out / "infogain_heatmap.png"))
+
+    loss, nll = _series(sft, "loss"), _series(sft, "nll")
+    if np.isfinite(loss).any() or np.isfinite(nll).any():
+        out.mkdir(parents=True, exist_ok=True)
+        fig, (ax,) = _new_figure()
+        xs = _steps(sft)
+        if np.isfinite(loss).any():
+            ax.plot(xs, loss, color="tab:blue", lw=1.5, label="loss")
+        if np.isfinite(nll).any():
+            ax.plot(xs, nll, color="tab:gray", lw=1.0, ls="--", label="nll")
+        ax.set_xlabel("SFT step")
+        ax.set_ylabel("loss")
+        ax.set_title("SFT loss")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+        written.append(_save(fig, out / "sft_loss.png"))
+    return written
+
+
+# ----------------------------------------------------------------------------- diagnostics
+def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+    ok = np.isfinite(a) & np.isfinite(b)
+    a, b = a[ok], b[ok]
+    if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return 0.0
+    a, b = a - a.mean(), b - b.mean()
+    return float(np.dot(a, b) / math.sqrt(float(np.dot(a, a)) * float(np.dot(b, b))))
+
+
+def _mean(x: np.ndarray) -> float | None:
+    x = x[np.isfinite(x)]
+    return float(x.mean()) if x.size else None
+
+
+def infopo_diagnostics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Collapse diagnostics of an RL run.
+
+    From the ``during``/``after`` evaluations (file order; None when there are none):
+    ``final_success`` (the last), ``best_success`` (the max), ``best_to_final_drop`` (best - final).
+    From the RL records: ``avg_turns``, ``avg_response_tokens`` (means; None without RL records),
+    ``length_reward_corr`` (Pearson correlation of ``response_tokens`` and ``reward`` across
+    iterations; 0 with fewer than 3 iterations or when either is constant), ``entropy_ratio``
+    (last / first ``update/entropy``; None when unavailable or the first is not positive).
+
+    Rule: ``collapse`` is True when ``best_to_final_drop >= COLLAPSE_DROP`` (0.2, with 1e-9
+    tolerance for float rounding) or ``entropy_ratio < COLLAPSE_ENTROPY_RATIO`` (0.05: the last
+    entropy fell below 5% of the first); ``collapse_reasons`` says which.
+    """
+    ev = [r for r in _phase(metrics, "eval") if r.get("label") in ("during", "after")]
+    succ = [s for s in (_finite(r.get("success")) for r in ev) if s is not None]
+    final = succ[-1] if succ else None
+    best = max(succ) if succ else None
+    drop = best - final if succ else None
+
+    rl = _phase(metrics, "rl")
+    ent = _series(rl, "update/entropy")
+    ent = ent[np.isfinite(ent)]
+    ratio = float(ent[-1] / ent[0]) if ent.size and ent[0] > 0 else None
+
+    reasons = []
+    if drop is not None and drop >= COLLAPSE_DROP - 1e-9:
+        reasons.append(f"eval success fell {drop:.3g} from its best {best:.3g} (>= {COLLAPSE_DROP})")
+    if ratio is not None and ratio < COLLAPSE_ENTROPY_RATIO:
+        reasons.append(f"entropy fell to {ratio:.3g} of its first value (< {COLLAPSE_ENTROPY_RATIO})")
+    return {
+        "final_success": final,
+        "best_success": best,
+        "best_to_final_drop": drop,
+        "collapse": bool(reasons),
+        "collapse_reasons": reasons,
+        "avg_turns": _mean(_series(rl, "turns")),
+        "avg_response_tokens": _mean(_series(rl, "response_tokens")),
+        "length_reward_corr": _pearson(_series(rl, "response_tokens"), _series(rl, "reward")),
+        "entropy_ratio": ratio,
+    }
+
+
+# ----------------------------------------------------------------------------- table
+def _fmt(v: float | None, sign: bool = False) -> str:
+    if v is None:
+        return "-"
+    spec = ".1f" if abs(v) >= 100 else ".3f"
+    return format(v, ("+" if sign else "") + spec)
+
+
+def summary_table(before: Mapping[str, Any], after: Mapping[str, Any],
+                  keys: Sequence[str] = ("success", "reward", "turns", "response_tokens")) -> str:
+    """A fixed-width ``metric | before | after | change`` table (change = after - before; ``-`` where
+    a value is missing or not a finite number). One header, one rule, one row per key."""
+    rows = [("metric", "before", "after", "change")]
+    for k in keys:
+        b, a = _finite(before.get(k)), _finite(after.get(k))
+        rows.append((k, _fmt(b), _fmt(a), _fmt(a - b, sign=True) if a is not None and b is not None else "-"))
+    w = [max(len(r[i]) for r in rows) for i in range(4)]
+
+    def line(r):
+        return " | ".join([r[0].ljust(w[0])] + [c.rjust(w[i]) for i, c in enumerate(r) if i]).rstrip()
+
+    return "\n".join([line(rows[0]), "-+-".join("-" * x for x in w)] + [line(r) for r in rows[1:]])
+
+
+# ----------------------------------------------------------------------------- CLI
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jaxagent.train.report", description=__doc__.split("\n")[0])
+    p.add_argument("run_dir", type=Path, help="runs/<name> (holds metrics.jsonl)")
+    p.add_argument("--out", type=Path, default=None, help="plot directory (default: <run_dir>/plots)")
+    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard scalars to <run_dir>/tb")
+    args = p.parse_args(argv)
+    metrics = read_metrics(args.run_dir / "metrics.jsonl")
+    for path in plot_run(metrics, args.out or args.run_dir / "plots"):
+        print(path)
+    if args.tensorboard:
+        export_tensorboard(metrics, args.run_dir / "tb")
+    evals = _phase(metrics, "eval")
+    before = next((r for r in evals if r.get("label") == "before"), None)
+    after = next((r for r in reversed(evals) if r.get("label") == "after"), None)
+    if before is not None and after is not None:
+        print(summary_table(before, after))
+    print(json.dumps(infopo_diagnostics(metrics), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
