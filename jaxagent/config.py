@@ -118,6 +118,8 @@ class SFTSection:
     batch_size: int = 16
     demos: int = _help(512, "expert demonstrations on train tasks")
     noise: float = _help(0.15, "share of demo turns taken by the random policy (not trained on)")
+    demo_policy: Literal["expert", "imitable"] = _help(
+        "imitable", "expert: the gym's (possibly privileged) expert; imitable: one that uses only what the agent sees")
     lr: float | None = _help(None, "SFT learning rate (null: optim.lr)")
 
     def validate(self) -> None:

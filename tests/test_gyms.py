@@ -220,3 +220,39 @@ def test_telepathy_function_preference_answers():
         step = await env.step(answer(f"i choose {wrong}"))
         assert step.done and step.reward == 0.0
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_demo_policy_reaches_max_reward_on_every_test_task(name):
+    spec = GYMS[name]
+    tasks = spec.make_tasks("test", N_TEST)
+    assert [play(spec, spec.demo_policy, t, seed=i)[0] for i, t in enumerate(tasks)] == [MAX_REWARD] * N_TEST
+
+
+def test_intention_imitable_policy_uses_only_what_the_agent_sees():
+    """Two tasks that differ only in which details matter get the same questions from the
+    imitable policy (the expert's differ), and it asks every unstated detail once."""
+    from jaxagent.envs.gyms.intention import DOMAINS, IntentionGym, expert_policy, imitable_policy
+
+    spec = GYMS["intention"]
+    task_id = spec.make_tasks("test", 1)[0]
+    base = IntentionGym.task_for(task_id)
+    slots = [s for s in DOMAINS[base["domain"]] if s != base["stated"]]
+    questions = {}
+    for policy in (imitable_policy, expert_policy):
+        for hidden in (slots[:2], slots[2:]):
+            env = spec.env()
+            asyncio.run(env.reset(task_id, 0))
+            env.task = dict(base, importance={s: 1 for s in hidden})
+            asked = []
+            for _ in range(len(slots) + 1):
+                msg = policy(env)
+                if msg.tool_calls[0].arguments["choice"] == "answer":
+                    break
+                asked.append(msg.tool_calls[0].arguments["content"])
+                asyncio.run(env.step(msg))
+            questions[(policy.__name__, tuple(hidden))] = asked
+    imitable = [v for (p, _), v in questions.items() if p == "imitable_policy"]
+    expert = [v for (p, _), v in questions.items() if p == "expert_policy"]
+    assert imitable[0] == imitable[1] == [f"what is the {s} ?" for s in slots]
+    assert expert[0] != expert[1]

@@ -9,7 +9,11 @@ Host orchestration only; the math lives in `jaxagent.train.step`, `jaxagent.trai
 - ``trajectories/iter_<i>.jsonl``: a sample of each RL iteration's episodes (re-scorable);
 - ``checkpoints/{sft,rl}/``: orbax checkpoints (see `jaxagent.train.checkpoint`);
 - ``hf/``: the final policy as a Hugging Face checkpoint (with the tokenizer's files);
-- ``summary.json``: ``success_before``, ``success_after``, ``wall_seconds``, ``steps``, ``credit``, ...
+- ``tb/``: TensorBoard scalars, written as the run goes;
+- ``plots/``: reward and success, turns and response length, info gain by turn index (heatmap),
+  SFT loss (`jaxagent.train.report`);
+- ``summary.json``: ``success_before``, ``success_after``, ``wall_seconds``, ``steps``, ``credit``,
+  the InfoPO diagnostics, ...
 
 Determinism: every random draw of step i (SFT batch, RL tasks, sampling keys) derives from
 ``(seed, phase, i)``, so a resumed run replays exactly what the uninterrupted run would have done.
@@ -138,11 +142,15 @@ class RunLog:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.progress = progress
         self._metrics = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
+        from jaxagent.train.report import TensorBoardWriter
+
+        self._tb = TensorBoardWriter(self.dir / "tb")  # live scalars: tensorboard --logdir runs/
 
     def log(self, phase: str, step: int, metrics: dict[str, Any], show: tuple[str, ...] = ()) -> None:
         rec = {"phase": phase, "step": step, "time": time.time(), **metrics}
         self._metrics.write(json.dumps(rec, default=_json_default) + "\n")
         self._metrics.flush()
+        self._tb.scalars(step, metrics, phase)
         if self.progress:
             parts = [f"{k}={_fmt(metrics[k])}" for k in show if k in metrics]
             print(f"[{phase} {step}] " + " ".join(parts), file=sys.stderr, flush=True)
@@ -153,6 +161,7 @@ class RunLog:
 
     def close(self) -> None:
         self._metrics.close()
+        self._tb.close()
 
 
 def _json_default(x):
@@ -169,7 +178,8 @@ def _fmt(v) -> str:
 def sft_data(cfg: RunConfig, tok: Tokenizer) -> list[tuple[list[int], list[bool]]]:
     from jaxagent.envs.gyms.demos import expert_demos, render_demo
 
-    demos = expert_demos(cfg.env.gym, "train", cfg.sft.demos, seed=cfg.env.task_seed, noise=cfg.sft.noise)
+    demos = expert_demos(cfg.env.gym, "train", cfg.sft.demos, seed=cfg.env.task_seed, noise=cfg.sft.noise,
+                         policy=cfg.sft.demo_policy)
     rendered = [render_demo(d, tok, tool_schemas_in_prompt=cfg.rollout.tool_schemas_in_prompt) for d in demos]
     kept = [(ids, mask) for ids, mask in rendered if len(ids) <= cfg.rollout.capacity]
     if not kept:
@@ -343,8 +353,15 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
         "eval_tasks": before["tasks"], "eval_k": before["k"], "steps": steps,
         "wall_seconds": time.perf_counter() - t0, "devices": [str(d) for d in jax.devices()],
     }
-    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     run.log.close()
+    from jaxagent.train import report
+
+    metrics = report.read_metrics(run.run_dir / "metrics.jsonl")
+    summary["diagnostics"] = report.infopo_diagnostics(metrics)
+    summary["plots"] = [str(p.relative_to(run.run_dir)) for p in report.plot_run(metrics, run.run_dir / "plots")]
+    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+    if cfg.progress:
+        print(report.summary_table(before, after), file=sys.stderr, flush=True)
     return summary
 
 

@@ -27,6 +27,12 @@ class GymSpec:
     env_cls: type[ScriptedGym]
     expert_policy: Policy
     random_policy: Callable[..., Policy]
+    imitable_policy: Policy | None = None  # an expert that uses only what the agent sees
+
+    @property
+    def demo_policy(self) -> Policy:
+        """The policy demonstrations imitate: the imitable expert where the gym has one."""
+        return self.imitable_policy or self.expert_policy
 
     def env(self, **kwargs) -> ScriptedGym:
         return self.env_cls(**kwargs)
@@ -39,7 +45,8 @@ class GymSpec:
 
 
 GYMS: dict[str, GymSpec] = {
-    m.__name__.rsplit(".", 1)[1]: GymSpec(cls.name, cls, m.expert_policy, m.random_policy)
+    m.__name__.rsplit(".", 1)[1]: GymSpec(cls.name, cls, m.expert_policy, m.random_policy,
+                                          getattr(m, "imitable_policy", None))
     for m, cls in ((intention, IntentionGym), (telepathy, TelepathyGym), (function, FunctionGym),
                    (preference, PreferenceGym))
 }

@@ -88,8 +88,12 @@ def transcript_to_chat(transcript: Sequence[EnvMessage | AgentMessage]) -> list[
 
 
 async def expert_episode(gym: str, task_id: str, seed: int = 0, *, noise: float = 0.0,
-                         rng: random.Random | int | None = None) -> Demo:
+                         rng: random.Random | int | None = None, policy: str = "expert") -> Demo:
     """One demo of ``gym``'s expert on ``task_id`` (``seed``: the reset's seed).
+
+    ``policy``: ``"expert"`` (the gym's expert, which may use privileged knowledge of the task) or
+    ``"imitable"`` (`GymSpec.demo_policy`: an expert that uses only what the agent sees, where the
+    gym has one; else the expert).
 
     ``noise``: probability that a turn is taken by the gym's random policy instead (``train=False``).
     ``rng``: a ``random.Random`` (or a seed) for the coin flips and the random policy; default a
@@ -103,7 +107,10 @@ async def expert_episode(gym: str, task_id: str, seed: int = 0, *, noise: float 
         raise ValueError(f"noise={noise!r}: expected a probability in [0, 1]")
     if not isinstance(rng, random.Random):
         rng = random.Random(f"demos|{task_id}|{int(seed)}" if rng is None else rng)
+    if policy not in ("expert", "imitable"):
+        raise ValueError(f"policy={policy!r}: expected 'expert' or 'imitable'")
     spec = GYMS[gym]
+    teacher = spec.expert_policy if policy == "expert" else spec.demo_policy
     env = spec.env()
     explore = spec.random_policy(rng) if noise > 0 else None
     reset = await env.reset(task_id, int(seed))
@@ -113,7 +120,7 @@ async def expert_episode(gym: str, task_id: str, seed: int = 0, *, noise: float 
     try:
         for _ in range(MAX_TURNS):
             noisy = explore is not None and rng.random() < noise
-            msg = explore(env) if noisy else spec.expert_policy(env)
+            msg = explore(env) if noisy else teacher(env)
             messages.append(agent_message_to_chat(msg))
             train.append(not noisy)
             step = await env.step(msg)
@@ -129,7 +136,8 @@ async def expert_episode(gym: str, task_id: str, seed: int = 0, *, noise: float 
     return Demo(task_id, tuple(messages), tuple(train), reward, tuple(reset.tools))
 
 
-def expert_demos(gym: str, split: str, n: int, seed: int = 0, *, noise: float = 0.0) -> list[Demo]:
+def expert_demos(gym: str, split: str, n: int, seed: int = 0, *, noise: float = 0.0,
+                 policy: str = "expert") -> list[Demo]:
     """Demos on ``make_tasks(gym, split, n, seed)``: the i-th task is reset with seed ``i`` (which
     picks the user's paraphrases), and its noise draws come from a generator seeded by the task id
     and ``i``. Deterministic. Synchronous (``asyncio.run``); from async code await
@@ -139,7 +147,7 @@ def expert_demos(gym: str, split: str, n: int, seed: int = 0, *, noise: float = 
         raise ValueError(f"gym={gym!r}: expected one of {sorted(GYMS)}")
 
     async def _all():
-        return [await expert_episode(gym, t, i, noise=noise) for i, t in enumerate(tasks)]
+        return [await expert_episode(gym, t, i, noise=noise, policy=policy) for i, t in enumerate(tasks)]
 
     return asyncio.run(_all())
 

@@ -79,7 +79,7 @@ class IntentionGym(ScriptedGym):
         return f"i want to {t['domain']} . the {t['stated']} is {t['values'][t['stated']]} ."
 
     def init_state(self):
-        return {"revealed": [], "multi": 0}
+        return {"revealed": [], "asked": [], "multi": 0}
 
     def on_action(self, content: str) -> EnvMessage:
         words = set(tokenize(content))
@@ -92,6 +92,8 @@ class IntentionGym(ScriptedGym):
             st["multi"] += 1
             return self.say("complain", "please ask one thing at a time .")
         s = asked[0]
+        if s not in st["asked"]:
+            st["asked"].append(s)
         if s == t["stated"] or s in st["revealed"]:
             return self.say("correct", f"i already told you , the {s} is {t['values'][s]} .")
         if s not in t["importance"]:
@@ -122,6 +124,19 @@ def expert_policy(env: IntentionGym) -> AgentMessage:
     t, st = env.task, env.state
     todo = sorted((s for s in t["importance"] if s not in st["revealed"]),
                   key=lambda s: (-t["importance"][s], list(DOMAINS[t["domain"]]).index(s)))
+    if todo:
+        return act(f"what is the {todo[0]} ?")
+    known = [t["stated"], *st["revealed"]]
+    return answer(f"{t['domain']} : " + " , ".join(f"{s} {t['values'][s]}" for s in known) + " .")
+
+
+def imitable_policy(env: IntentionGym) -> AgentMessage:
+    """The expert without privileged knowledge: asks about every detail the user has not yet
+    been asked about, in the order the system prompt lists them, then states every value the
+    user gave. It reaches the maximum reward too, and each of its turns is a function of what
+    the agent sees, so a small model can imitate it exactly."""
+    t, st = env.task, env.state
+    todo = [s for s in DOMAINS[t["domain"]] if s != t["stated"] and s not in st["asked"]]
     if todo:
         return act(f"what is the {todo[0]} ?")
     known = [t["stated"], *st["revealed"]]
