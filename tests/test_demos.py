@@ -20,7 +20,7 @@ GYM_TOKENIZER = ROOT / "jaxagent" / "data" / "tokenizers" / "gyms"
 NAMES = sorted(GYMS)
 N = 20
 # Mean tokens of a rendered expert demo on N test tasks (measured 796.8, 674.6, 771.3, 801.8 with
-# the committed 512-id tokenizer); a retrained tokenizer that lengthens episodes fails here.
+# the committed 944-id tokenizer); a retrained tokenizer that lengthens episodes fails here.
 MAX_MEAN_TOKENS = {"function": 850, "intention": 720, "preference": 820, "telepathy": 850}
 
 
@@ -55,7 +55,7 @@ def masked_runs(mask):
 
 # ---------------------------------------------------------------------------------------------- tokenizer
 def test_tokenizer_loads(tok):
-    assert tok.vocab_size == 512
+    assert tok.vocab_size == 944
     assert tok.eos_token_ids == (tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>"))
     assert tok.pad_token_id == tok.token_to_id("<|endoftext|>")
     for t in ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>",
