@@ -2,7 +2,7 @@
 
 The defaults ARE the quickstart (``python -m jaxagent.launch`` with no arguments): a tiny
 Qwen-architecture model over the gyms' small tokenizer, an SFT warm start on expert
-demonstrations mixed with noise, then InfoPO RL on the telepathy gym, on whatever CPU runs it.
+demonstrations mixed with noise, then InfoPO RL on the intention gym, on whatever CPU runs it.
 Files in ``configs/`` change what differs from it (the paper-scale settings, other gyms, an LLM
 user over HTTP). Sections reuse the library's own frozen settings classes (`PPOConfig`,
 `InfoPOConfig`, `FacaConfig`, `GRPOConfig`, `OptimSettings`, `RLSettings`, `MeshConfig`,
@@ -72,7 +72,7 @@ class ModelSection:
 @dataclasses.dataclass(frozen=True)
 class EnvSection:
     kind: Literal["gym", "llm_user"] = _help("gym", "scripted gym, or an LLM user over HTTP")
-    gym: Literal["intention", "telepathy", "function", "preference"] = "telepathy"
+    gym: Literal["intention", "telepathy", "function", "preference"] = "intention"
     max_steps: int | None = _help(None, "gym steps before the user gives up (null: the gym's default)")
     train_tasks: int = 512
     test_tasks: int = 64
@@ -114,7 +114,7 @@ class RolloutSection:
 
 @dataclasses.dataclass(frozen=True)
 class SFTSection:
-    steps: int = _help(150, "SFT updates (jobs sft and sft+rl)")
+    steps: int = _help(250, "SFT updates (jobs sft and sft+rl)")
     batch_size: int = 16
     demos: int = _help(512, "expert demonstrations on train tasks")
     noise: float = _help(0.15, "share of demo turns taken by the random policy (not trained on)")
@@ -133,9 +133,9 @@ class SFTSection:
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
     k: int = _help(1, "runs per task (avg@k)")
-    tasks: int = _help(64, "held-out (test split) tasks")
+    tasks: int = _help(32, "held-out (test split) tasks")
     temperature: float = _help(0.0, "0: greedy")
-    every: int = _help(10, "RL iterations between evaluations (0: only before and after)")
+    every: int = _help(4, "RL iterations between evaluations (0: only before and after)")
 
     def validate(self) -> None:
         if self.k < 1 or self.tasks < 1 or self.every < 0:
@@ -144,7 +144,7 @@ class EvalSection:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSection:
-    every: int = _help(10, "RL iterations (or SFT steps) between checkpoints (0: only at the end)")
+    every: int = _help(4, "RL iterations (or SFT steps) between checkpoints (0: only at the end)")
     keep: int = 2
     best_metric: str | None = "eval/success"
     async_save: bool = True
@@ -157,14 +157,16 @@ class RunConfig:
     job: Literal["sft", "rl", "sft+rl", "eval"] = "sft+rl"
     runs_dir: str = "runs"
     seed: int = 0
-    steps: int = _help(30, "RL iterations")
+    steps: int = _help(8, "RL iterations")
     resume: bool = _help(False, "continue runs/<name>/ from its last complete checkpoint")
     progress: bool = True
     model: ModelSection = _field(default_factory=ModelSection)
     tokenizer: str = _help(BUILTIN_TOKENIZER, "a tokenizer directory, or builtin:gyms")
     mesh: MeshConfig = _field(default_factory=MeshConfig)
     env: EnvSection = _field(default_factory=EnvSection)
-    rollout: RolloutSection = _field(default_factory=RolloutSection)
+    # The quickstart's tiny model learns the tool-call format from demonstrations: no JSON schemas
+    # in its prompts (configs for real models set rollout.tool_schemas_in_prompt: true).
+    rollout: RolloutSection = _field(default_factory=lambda: RolloutSection(tool_schemas_in_prompt=False))
     rl: RLSettings = _field(default_factory=lambda: RLSettings(credit="infopo", group_size=5, tasks_per_step=8,
                                                                minibatch_size=20))
     ppo: PPOConfig = _field(default_factory=lambda: PPOConfig(kl_coef=1e-3, entropy_coef=1e-3))

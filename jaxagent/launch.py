@@ -2,7 +2,7 @@
 
 With no arguments it runs the quickstart (the defaults of `jaxagent.config.RunConfig`): a tiny
 Qwen-architecture model over the gyms' small tokenizer, an SFT warm start on expert
-demonstrations mixed with noise, then InfoPO RL on the telepathy gym, evaluated on held-out
+demonstrations mixed with noise, then InfoPO RL on the intention gym, evaluated on held-out
 tasks before and after, everything written to ``runs/quickstart/``.
 
     python -m jaxagent.launch                                   # the quickstart

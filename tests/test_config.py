@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_defaults_are_the_quickstart():
     cfg = load_config()
     assert cfg == RunConfig()
-    assert cfg.job == "sft+rl" and cfg.rl.credit == "infopo" and cfg.env.gym == "telepathy"
+    assert cfg.job == "sft+rl" and cfg.rl.credit == "infopo" and cfg.env.gym == "intention" and not cfg.rollout.tool_schemas_in_prompt
     assert configlib.from_dict(RunConfig, configlib.to_dict(cfg)) == cfg
 
 
