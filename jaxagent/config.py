@@ -120,7 +120,7 @@ class SFTSection:
     noise: float = _help(0.15, "share of demo turns taken by the random policy (not trained on)")
     demo_policy: Literal["expert", "imitable"] = _help(
         "imitable", "expert: the gym's (possibly privileged) expert; imitable: one that uses only what the agent sees")
-    lr: float | None = _help(None, "SFT learning rate (null: optim.lr)")
+    lr: float | None = _help(3e-3, "SFT learning rate (null: optim.lr)")
 
     def validate(self) -> None:
         if not 0.0 <= self.noise < 1.0:

@@ -56,6 +56,10 @@ def test_small_job_writes_the_run_and_resumes(tmp_path, capsys):
     assert (run / "config.yaml").exists() and (run / "hf" / "config.json").exists()
     assert (run / "hf" / "tokenizer.json").exists()
     assert sorted(p.name for p in (run / "trajectories").iterdir()) == ["iter_00000.jsonl", "iter_00001.jsonl"]
+    assert {"reward.png", "turns_length.png", "infogain_heatmap.png", "sft_loss.png"} <= {
+        p.name for p in (run / "plots").iterdir()}
+    assert any(p.name.startswith("events.out.tfevents") for p in (run / "tb").iterdir())
+    assert "best_to_final_drop" in summary["diagnostics"]
     phases = [m["phase"] for m in _metrics(run)]
     assert phases.count("rl") == 2 and phases.count("eval") == 3  # before, during (after iteration 1), after
     # A second launch of the same name without resume refuses to overwrite it...
