@@ -354,7 +354,11 @@ def test_windowed_extend_equals_the_full_cache_and_checks_the_window():
         _, cache = fn(p, init_cache(cfg, 3, 32), jnp.asarray(t1), jnp.asarray(n1))
         out[window] = fn(p, cache, jnp.asarray(t2), jnp.asarray(n2))
     np.testing.assert_allclose(out[8][0], out[None][0], atol=1e-5)
-    np.testing.assert_array_equal(out[8][1].k, out[None][1].k)
+    # Layer 0's new keys are bit-equal; deeper layers see attention outputs reduced over a
+    # different key length, equal to float32 rounding.
+    np.testing.assert_array_equal(out[8][1].k[0], out[None][1].k[0])
+    np.testing.assert_allclose(out[8][1].k, out[None][1].k, atol=1e-5)
+    np.testing.assert_allclose(out[8][1].v, out[None][1].v, atol=1e-5)
     assert out[8][1].lengths.tolist() == out[None][1].lengths.tolist() == [5, 6, 5]
     with pytest.raises(ValueError, match="window=64"):
         extend(p, init_cache(cfg, 1, 32), jnp.ones((1, 1), jnp.int32), jnp.ones((1,), jnp.int32), config=cfg,
