@@ -1,16 +1,20 @@
 """In-flight batched generation over a slot cache (host orchestration of pure jitted steps).
 
-The engine owns one KV cache of ``slots`` rows. Each request (a session's prompt, token-in) is
-admitted into a slot as soon as one is free; every engine step prefills the newly admitted rows
-(one `extend` call, other rows untouched) and then decodes one token for every active row, so
-finished rows free their slot at once and there is no whole-batch barrier. A session keeps its
-slot between turns: the next prompt is compared with the tokens the slot holds, the row is rolled
-back to their longest common prefix (``lengths`` only: stale entries beyond it are overwritten
-before anything attends to them) and only the rest is prefilled. An evicted session (its slot
-given to another while it waited for its user) falls back to a full prefill.
+The engine owns one KV cache of ``slots`` rows (decode lanes) and ``park_rows`` more rows that
+are never decoded. Each request (a session's prompt, token-in) is admitted into a lane as soon
+as one is free; every engine call prefills the newly admitted rows (one `extend` call, other
+rows untouched) and then decodes ``decode_steps`` tokens for every running row in one jitted
+scan, attending over a power-of-two window of the cache rather than its capacity. A row that
+ends frees its lane when the call returns, so there is no whole-batch barrier. A session keeps
+its lane between turns: the next prompt is compared with the tokens the lane holds, the row is
+rolled back to their longest common prefix (``lengths`` only: stale entries beyond it are
+overwritten before anything attends to them) and only the rest is prefilled. A session whose
+lane is given to another while it waits for its user is parked (its prefix copied to a park
+row) and copied back when it returns; without park rows it falls back to a full prefill.
 
 `GenerationEngine.generate` is the one async call (tokens in, tokens and log-probs out); the
-device work runs in a worker thread so simulators' HTTP calls proceed meanwhile.
+device work runs in a worker thread so simulators' HTTP calls proceed meanwhile. A failed call
+fails the requests it held (they never hang) and resets the cache.
 """
 
 from __future__ import annotations
