@@ -41,7 +41,7 @@ if str(ROOT) not in sys.path:  # run as `python scripts/make_gym_tokenizer.py`
 from jaxagent.envs.gyms import GYMS, TOOL_SCHEMA, run_episode
 from jaxagent.envs.gyms.demos import expert_demos, render_demo, transcript_to_chat
 from jaxagent.text.template import render_template
-from scripts.make_tokenizer_fixture import ADDED, QWEN2_SPLIT, QWEN25_TEMPLATE, SPECIAL, write_fixture
+from scripts.make_tokenizer_fixture import ADDED, QWEN25_TEMPLATE, SPECIAL, train_byte_level_bpe, write_fixture
 
 DEFAULT_OUT = ROOT / "jaxagent" / "data" / "tokenizers" / "gyms"
 VOCAB_TOTAL = 944
@@ -78,24 +78,8 @@ def corpus() -> list[str]:
 
 
 def train_tokenizer(vocab_total: int = VOCAB_TOTAL):
-    """A byte-level BPE ``tokenizers.Tokenizer`` with ``vocab_total`` ids (special tokens 0-2,
-    added tokens last)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_total - len(ADDED), min_frequency=2, special_tokens=SPECIAL,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-    tok.train_from_iterator(corpus(), trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
-    assert tok.get_vocab_size() == vocab_total, tok.get_vocab_size()
-    return tok
+    """The gyms' BPE (``train_byte_level_bpe`` on the gym chats) with ``vocab_total`` ids."""
+    return train_byte_level_bpe(corpus(), vocab_total)
 
 
 def expert_lengths(tokenizer_dir: Path) -> dict[str, float]:

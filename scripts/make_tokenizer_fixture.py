@@ -245,8 +245,9 @@ def corpus(n_docs: int = 4000, seed: int = 0) -> list[str]:
     return docs
 
 
-def train_tokenizer(seed: int = 0):
-    """A byte-level BPE ``tokenizers.Tokenizer`` with Qwen2's pre-tokenizer; 1,024 ids in all."""
+def train_byte_level_bpe(texts, vocab_total: int):
+    """A byte-level BPE ``tokenizers.Tokenizer`` with Qwen2's pre-tokenizer trained on ``texts``:
+    the special tokens first (ids 0-2), the added tool/think markers last, ``vocab_total`` ids."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -256,14 +257,19 @@ def train_tokenizer(seed: int = 0):
     ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_TOTAL - len(ADDED), min_frequency=2, special_tokens=SPECIAL,
+        vocab_size=vocab_total - len(ADDED), min_frequency=2, special_tokens=SPECIAL,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    tok.train_from_iterator(corpus(seed=seed), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
     # Qwen's tool and think markers are added (not special) tokens placed after the trained vocabulary.
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
-    assert tok.get_vocab_size() == VOCAB_TOTAL, tok.get_vocab_size()
+    assert tok.get_vocab_size() == vocab_total, tok.get_vocab_size()
     return tok
+
+
+def train_tokenizer(seed: int = 0):
+    """The fixture's BPE: 1,024 ids in all."""
+    return train_byte_level_bpe(corpus(seed=seed), VOCAB_TOTAL)
 
 
 def write_fixture(out: Path, tok, template: str) -> None:
