@@ -2,6 +2,7 @@
 prefix reuse across turns, and eviction falling back to a full prefill."""
 
 import asyncio
+import time
 
 import jax
 import pytest
@@ -140,3 +141,46 @@ def test_a_failing_engine_step_fails_its_requests_and_the_engine_recovers():
     results, again = asyncio.run(asyncio.wait_for(main(), 120))
     assert all(isinstance(r, RuntimeError) and "injected" in str(r) for r in results)
     assert again.tokens == _reference([1, 2], sp, jax.random.key(0))[0]
+
+
+def _admissions_and_results(host_s: float):
+    """Six sessions of staggered lengths over three lanes and two park rows; between turns each
+    spends a few event-loop turns (and, with ``host_s``, wall time in each) as a scripted user and
+    the renderer do. Returns (the sessions admitted per engine call, each session's turns)."""
+    engine = GenerationEngine(PARAMS, CFG, slots=3, capacity=64, park_rows=2, decode_steps=2)
+    calls = []
+    step = engine._step
+
+    def logged(admitted):
+        calls.append(sorted(r.session for r in admitted))
+        return step(admitted)
+
+    engine._step = logged
+
+    async def session(i):
+        prompt, turns = [1 + i, 2, 3], []
+        for turn in range(3):
+            sp = SamplingParams(temperature=1.0, max_new_tokens=2 + (5 * i + 3 * turn) % 9)
+            res = await engine.generate(f"s{i}", prompt, sp, jax.random.fold_in(jax.random.key(i), turn))
+            turns.append((res.tokens, res.logp_policy))
+            for _ in range(4):  # the way back: a few event-loop turns, slow ones with host_s
+                time.sleep(host_s)
+                await asyncio.sleep(0)
+            prompt = prompt + res.tokens + [5, 6 + turn]
+        engine.release(f"s{i}")
+        return turns
+
+    async def main():
+        return await asyncio.gather(*(session(i) for i in range(6)))
+
+    return calls, asyncio.run(main())
+
+
+def test_admission_does_not_depend_on_how_fast_sessions_come_back():
+    # Which requests share an engine call changes the float rounding (window, prefill width):
+    # sessions slower to come back than an engine call (a loaded machine) must still join the
+    # call they join when they come back at once, or a rollout would not replay exactly.
+    calls, results = _admissions_and_results(0.0)
+    slow_calls, slow_results = _admissions_and_results(0.01)
+    assert slow_calls == calls
+    assert slow_results == results

@@ -15,6 +15,15 @@ row) and copied back when it returns; without park rows it falls back to a full 
 `GenerationEngine.generate` is the one async call (tokens in, tokens and log-probs out); the
 device work runs in a worker thread so simulators' HTTP calls proceed meanwhile. A failed call
 fails the requests it held (they never hang) and resets the cache.
+
+Which requests share an engine call changes the numbers (the attention window and the prefill
+width are the batch's, and float rounding follows the shapes), so admission does not depend on
+how long a call took. A session whose result came out of call n has call n+1 to come back with
+its next turn; at the end of call n+1 the engine gives the event loop a bounded number of turns
+for those still on their way (a scripted user answers within a few; one waiting on I/O is not
+waited for), then admits them, and nothing that came back sooner (a request, or a release that
+frees its lane) is seen before that point. With scripted users a rollout is thus replayed
+exactly, whatever the machine's load; with users over HTTP the order of their answers decides.
 """
 
 from __future__ import annotations
@@ -57,6 +66,12 @@ class _Request:
     lpp: list[float] = dataclasses.field(default_factory=list)
     lps: list[float] = dataclasses.field(default_factory=list)
     prefill_tokens: int = 0
+    ready: int = 0  # the first call boundary at which it may be admitted
+    seq: int = 0  # arrival order
+
+
+# Event-loop turns the engine waits, between calls, for sessions that got a result one call ago.
+_SETTLE_TURNS = 16
 
 
 def _bucket(n: int, lo: int, hi: int) -> int:
@@ -151,6 +166,13 @@ class GenerationEngine:
         self.parked: OrderedDict[str, tuple[int, list[int]]] = OrderedDict()  # session -> (row, tokens)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        # Admission bookkeeping (see the module docstring): engine calls completed, the call after
+        # which each session that has not come back got its result, releases not applied yet.
+        self._boundary = 0
+        self._delivered: dict[str, int] = {}
+        self._deferred: list[tuple[str, int]] = []
+        self._seq = 0
+        self._stepping = False
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -197,7 +219,8 @@ class GenerationEngine:
             self._wake = asyncio.Event()
             self._task = loop.create_task(self._run())
         req = _Request(session, list(prompt), sampling, np.asarray(jax.random.key_data(key), np.uint32),
-                       loop.create_future())
+                       loop.create_future(), ready=self._delivered.pop(session, -1) + 1, seq=self._seq)
+        self._seq += 1
         self.pending.append(req)
         self._wake.set()
         return await req.future
@@ -212,19 +235,47 @@ class GenerationEngine:
         self.held = [[] for _ in range(self.slots)]
         self.lru.clear()
         self.parked.clear()
+        self._delivered.clear()
+        self._deferred.clear()
 
     def release(self, session: str) -> None:
-        """Forgets a finished session's cache contents (its lane or parked row becomes free)."""
+        """Forgets a finished session's cache contents (its lane or parked row becomes free): at
+        once, or, while an engine call runs or before the session has had one call to come back
+        in, when the next call starts (see the module docstring)."""
+        delivered = self._delivered.pop(session, -1)
+        serving = self._task is not None and not self._task.done()
+        if self._stepping or (serving and delivered >= self._boundary):
+            self._deferred.append((session, delivered))
+        else:
+            self._forget(session)
+
+    def _forget(self, session: str) -> None:
         slot = self.lru.pop(session, None)
         if slot is not None:
             self.owner[slot] = None
         self.parked.pop(session, None)
 
     # ------------------------------------------------------------------ scheduling
+    async def _settle(self) -> None:
+        """Gives the sessions that got their result one call ago a bounded number of event-loop
+        turns to come back (a next request or a release) before the next admission."""
+        for _ in range(_SETTLE_TURNS):
+            if not any(b == self._boundary - 1 for b in self._delivered.values()):
+                return
+            await asyncio.sleep(0)
+
+    def _apply_releases(self) -> None:
+        due = [s for s, b in self._deferred if b < self._boundary]
+        self._deferred = [(s, b) for s, b in self._deferred if b >= self._boundary]
+        for session in due:
+            self._forget(session)
+
     def _admit(self) -> list[_Request]:
-        """Assigns lanes to pending requests (host bookkeeping only; copies happen in `_step`)."""
+        """Assigns lanes to pending requests that may be admitted at this boundary, in the order
+        (boundary they became admissible, arrival) (host bookkeeping only; copies happen in
+        `_step`)."""
         admitted = []
-        for req in list(self.pending):
+        for req in sorted((r for r in self.pending if r.ready <= self._boundary), key=lambda r: (r.ready, r.seq)):
             slot = next((s for s in range(self.slots) if self.owner[s] == req.session
                          and self.running[s] is None), None)
             if slot is None:
@@ -363,6 +414,9 @@ class GenerationEngine:
             self.owner = [None] * self.slots
             self.lru.clear()
             self.parked.clear()
+            self._delivered.clear()
+            self._deferred.clear()
+            self._stepping = False
             self.held = [[] for _ in range(self.slots)]
             self.cache = init_cache(self.config, self.slots, self.capacity)  # a failed call may have consumed it
             self.logits = jnp.zeros((self.slots, self.config.vocab_size), jnp.float32)
@@ -372,17 +426,27 @@ class GenerationEngine:
     async def _serve(self):
         loop = asyncio.get_running_loop()
         while True:
+            await self._settle()
+            self._apply_releases()
             admitted = self._admit()
             if not admitted and not any(self.running):
-                if not self.pending:
-                    self._wake.clear()
+                if self.pending:  # nothing runs and what waits is due at the next boundary: it is now
+                    self._boundary += 1
+                    continue
+                self._wake.clear()
                 await self._wake.wait()
                 continue
             t0 = loop.time()
-            finished = await loop.run_in_executor(None, self._step, admitted)
+            self._stepping = True
+            try:
+                finished = await loop.run_in_executor(None, self._step, admitted)
+            finally:
+                self._stepping = False
             self.stats["device_s"] += loop.time() - t0
+            self._boundary += 1
             for req, stop, truncated in finished:
                 self.lru[req.session] = req.slot
+                self._delivered[req.session] = self._boundary
                 if not req.future.done():
                     req.future.set_result(EngineResult(req.out, req.lpp, req.lps, stop, truncated,
                                                        req.prefill_tokens))

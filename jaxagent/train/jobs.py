@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxagent import configlib
 from jaxagent.config import BUILTIN_TOKENIZER, RunConfig
@@ -256,8 +257,8 @@ def run_sft(run: Run, params):
     s = cfg.sft
     optim = cfg.optim if s.lr is None else dataclasses.replace(cfg.optim, lr=s.lr)
     tx = make_optimizer(optim)
-    update = make_update(sft_loss_fn(run.qcfg), tx, lr_schedule=learning_rate(optim))
-    state = TrainState.create(params, tx)
+    state = _on_mesh(TrainState.create(params, tx), run.rules)
+    update = _keep_shardings(make_update(sft_loss_fn(run.qcfg), tx, lr_schedule=learning_rate(optim)), state)
     ckpt = Checkpointer(run.run_dir / "checkpoints" / "sft", keep=cfg.checkpoint.keep,
                         async_save=cfg.checkpoint.async_save)
     start = 0
@@ -280,6 +281,32 @@ def run_sft(run: Run, params):
     return state.params
 
 
+def _on_mesh(tree, rules: LogicalRules):
+    """``tree`` with every leaf not yet on the mesh (optax's counters, the step counters: scalars
+    on one device, uncommitted) replicated over it, as the jitted update returns them. A state
+    restored into these shardings then matches the live one: its arrays sit on the same devices
+    (a counter committed to device 0 next to parameters on all of them is an error) and the
+    update compiles once, for the state it is given from the first step on."""
+    replicated = NamedSharding(rules.mesh, PartitionSpec())
+    return jax.tree.map(lambda x: x if isinstance(getattr(x, "sharding", None), NamedSharding)
+                        else jax.device_put(x, replicated), tree)
+
+
+def _keep_shardings(update, state):
+    """``update`` whose returned state is put back on ``state``'s shardings. XLA may lay an
+    output out otherwise than its input (after one update the norm weights come back sharded
+    over fsdp), while a state restored from a checkpoint gets the shardings of a fresh one: kept
+    fixed, every update of a run, resumed or not, runs the same compiled program, compiled once
+    per batch shape."""
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+
+    def update_kept(state, batch):
+        state, metrics = update(state, batch)
+        return jax.device_put(state, shardings), metrics
+
+    return update_kept
+
+
 def _abstract(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
@@ -289,11 +316,12 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
 
     cfg = run.cfg
     tx = make_optimizer(cfg.optim)
-    state = TrainState.create(params, tx)
+    state = _on_mesh(TrainState.create(params, tx), run.rules)
     trainer = RLTrainer(state, tx, config=run.qcfg, tokenizer=run.tok, make_env=run.make_env, settings=cfg.rl,
                         ppo=cfg.ppo, sampling=sampling_params(cfg, run.tok), episode=episode_config(cfg),
                         engine=run.engine, infopo=cfg.infopo, faca=cfg.faca, grpo=cfg.grpo,
                         lr_schedule=learning_rate(cfg.optim))
+    trainer.update = _keep_shardings(trainer.update, trainer.state)
     ckpt = Checkpointer(run.run_dir / "checkpoints" / "rl", keep=cfg.checkpoint.keep,
                         best_metric=cfg.checkpoint.best_metric, async_save=cfg.checkpoint.async_save)
     start = 0
@@ -304,6 +332,12 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
     traj_dir = run.run_dir / "trajectories"
     traj_dir.mkdir(exist_ok=True)
     last_eval: dict[str, Any] = {}
+    if start:  # the evaluation the uninterrupted run would hold here (the checkpoints' best metric)
+        from jaxagent.train.report import read_metrics
+
+        during = [r for r in read_metrics(run.run_dir / "metrics.jsonl")
+                  if r.get("phase") == "eval" and r.get("label") == "during" and r.get("step", 0) <= start]
+        last_eval = sorted(during, key=lambda r: r["step"])[-1] if during else {}
     for i in range(start, cfg.steps):
         rng = step_rng(cfg.seed, "rl", i)
         tasks = [run.train_tasks[j] for j in rng.choice(len(run.train_tasks), cfg.rl.tasks_per_step, replace=False)]
