@@ -114,15 +114,20 @@ class RolloutSection:
 
 @dataclasses.dataclass(frozen=True)
 class SFTSection:
-    steps: int = _help(250, "SFT updates (jobs sft and sft+rl)")
+    steps: int = _help(450, "SFT updates (jobs sft and sft+rl)")
     batch_size: int = 16
     demos: int = _help(512, "expert demonstrations on train tasks")
-    noise: float = _help(0.15, "share of demo turns taken by the random policy (not trained on)")
+    noise: float = _help(0.05, "share of demo turns taken by the random policy (not trained on)")
     demo_policy: Literal["expert", "imitable"] = _help(
         "imitable", "expert: the gym's (possibly privileged) expert; imitable: one that uses only what the agent sees")
-    lr: float | None = _help(3e-3, "SFT learning rate (null: optim.lr)")
+    lr: float | None = _help(1e-2, "SFT learning rate (null: optim.lr)")
+    schedule: Literal["constant", "cosine"] = _help(
+        "cosine", "after optim.warmup_steps: constant, or cosine decay to final_lr_fraction * lr at the last step")
+    final_lr_fraction: float = 0.05
 
     def validate(self) -> None:
+        if not 0.0 <= self.final_lr_fraction <= 1.0:
+            raise ValueError(f"final_lr_fraction={self.final_lr_fraction}: expected a number in [0, 1]")
         if not 0.0 <= self.noise < 1.0:
             raise ValueError(f"noise={self.noise}: expected a number in [0, 1)")
         if self.steps < 0 or self.batch_size < 1 or self.demos < 1:

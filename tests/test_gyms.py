@@ -254,5 +254,13 @@ def test_intention_imitable_policy_uses_only_what_the_agent_sees():
             questions[(policy.__name__, tuple(hidden))] = asked
     imitable = [v for (p, _), v in questions.items() if p == "imitable_policy"]
     expert = [v for (p, _), v in questions.items() if p == "expert_policy"]
-    assert imitable[0] == imitable[1] == [f"what is the {s} ?" for s in slots]
+    question = lambda content: content.rsplit(" . ", 1)[-1]  # noqa: E731 (after the imitable's running note)
+    assert [question(q) for q in imitable[0]] == [question(q) for q in imitable[1]] == [
+        f"what is the {s} ?" for s in slots]
     assert expert[0] != expert[1]
+    # The imitable's running note: the stated value, then each value the user gave, in order.
+    hidden = slots[:2]
+    notes = [q.rsplit(" . ", 1)[0] for q in questions[("imitable_policy", tuple(hidden))]]
+    given = [base["values"][base["stated"]]] + [base["values"][s] for s in slots if s in hidden]
+    assert notes == ["the plan : " + " , ".join(given[: 1 + sum(s in hidden for s in slots[:i])])
+                     for i in range(len(slots))]

@@ -70,3 +70,27 @@ def test_small_job_writes_the_run_and_resumes(tmp_path, capsys):
     again = _metrics(run)
     assert [m["phase"] for m in again].count("rl") == 2
     assert json.loads((run / "summary.json").read_text())["success_after"] == summary["success_after"]
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_run_log_shows_live_figures_and_reads_back_past_a_cut_record(tmp_path, capsys, tty):
+    from jaxagent.train.jobs import RunLog
+
+    log = RunLog(tmp_path / "run", progress=True, tty=tty)
+    log.start("rl", 3)
+    log.log("rl", 0, {"success": 0.5, "info/gain_mean": 0.25, "loss": 1.0}, show=("success", "info/gain_mean"))
+    log.log("rl", 1, {"success": 0.75, "info/gain_mean": 0.125}, show=("success", "info/gain_mean"))
+    log.end("rl")
+    err = capsys.readouterr().err
+    assert "success=0.75" in err and "gain_mean=0.125" in err and "loss" not in err
+    if tty:  # a bar at 2 of 3 steps
+        assert "2/3" in err and "[rl 1]" not in err
+    else:  # one plain line per logged step
+        assert "[rl 0] success=0.5 gain_mean=0.25" in err and "\r" not in err
+    log.close()
+    path = tmp_path / "run" / "metrics.jsonl"
+    with open(path, "a") as f:
+        f.write('{"phase": "rl", "step": 2, "succ')  # a crash mid-write
+    log = RunLog(tmp_path / "run", progress=False)
+    assert [(r["phase"], r["step"], r["success"]) for r in log.read()] == [("rl", 0, 0.5), ("rl", 1, 0.75)]
+    log.close()

@@ -46,7 +46,7 @@ from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.loop import EpisodeConfig
 from jaxagent.text.tokenizer import Tokenizer, load_tokenizer
 from jaxagent.train.rl import RLTrainer
-from jaxagent.train.step import TrainState, learning_rate, make_optimizer, make_update, sft_loss_fn
+from jaxagent.train.step import OptimSettings, TrainState, learning_rate, make_optimizer, make_update, sft_loss_fn
 
 PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -136,31 +136,65 @@ def step_rng(seed: int, phase: str, i: int) -> np.random.Generator:
 
 # ----------------------------------------------------------------------------- run directory
 class RunLog:
-    """``runs/<name>/``: metrics.jsonl (appended, flushed) and a one-line progress report."""
+    """``runs/<name>/``: metrics.jsonl (appended, flushed), live TensorBoard scalars and progress.
 
-    def __init__(self, run_dir: Path, progress: bool = True):
+    Progress (``progress=True``): on a terminal, one tqdm bar per phase (`start`) whose postfix holds
+    the live figures each `log` call names in ``show``; elsewhere (CI logs, pipes) one line per
+    logged step, so logs stay readable without carriage returns."""
+
+    def __init__(self, run_dir: Path, progress: bool = True, *, tty: bool | None = None):
         self.dir = run_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.progress = progress
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self._bars: dict[str, Any] = {}
         self._metrics = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
         from jaxagent.train.report import TensorBoardWriter
 
         self._tb = TensorBoardWriter(self.dir / "tb")  # live scalars: tensorboard --logdir runs/
+
+    def start(self, phase: str, total: int, initial: int = 0, desc: str | None = None) -> None:
+        """Opens ``phase``'s progress bar (``total`` steps, ``initial`` already done), on a terminal."""
+        if self.progress and self.tty and total > 0:
+            from tqdm.auto import tqdm
+
+            self._bars[phase] = tqdm(total=total, initial=initial, desc=desc or phase, file=sys.stderr,
+                                     dynamic_ncols=True, leave=True)
+
+    def end(self, phase: str) -> None:
+        bar = self._bars.pop(phase, None)
+        if bar is not None:
+            bar.close()
 
     def log(self, phase: str, step: int, metrics: dict[str, Any], show: tuple[str, ...] = ()) -> None:
         rec = {"phase": phase, "step": step, "time": time.time(), **metrics}
         self._metrics.write(json.dumps(rec, default=_json_default) + "\n")
         self._metrics.flush()
         self._tb.scalars(step, metrics, phase)
-        if self.progress:
-            parts = [f"{k}={_fmt(metrics[k])}" for k in show if k in metrics]
-            print(f"[{phase} {step}] " + " ".join(parts), file=sys.stderr, flush=True)
+        if not self.progress:
+            return
+        figures = {k.rsplit("/", 1)[-1]: _fmt(metrics[k]) for k in show if k in metrics}
+        bar = self._bars.get(phase)
+        if bar is not None:
+            bar.set_postfix(figures, refresh=False)
+            bar.update(max(0, step + 1 - bar.n))
+        elif phase in self._bars or not self._bars:
+            print(f"[{phase} {step}] " + " ".join(f"{k}={v}" for k, v in figures.items()), file=sys.stderr, flush=True)
+        else:  # another phase's bar is open (an evaluation during RL): write above it
+            from tqdm.auto import tqdm
+
+            tqdm.write(f"[{phase} {step}] " + " ".join(f"{k}={v}" for k, v in figures.items()), file=sys.stderr)
 
     def read(self) -> list[dict[str, Any]]:
+        """The records so far (`report.read_metrics`: a record cut short by a crash is skipped)."""
+        from jaxagent.train.report import read_metrics
+
         path = self.dir / "metrics.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        return read_metrics(path) if path.exists() else []
 
     def close(self) -> None:
+        for phase in list(self._bars):
+            self.end(phase)
         self._metrics.close()
         self._tb.close()
 
@@ -186,6 +220,17 @@ def sft_data(cfg: RunConfig, tok: Tokenizer) -> list[tuple[list[int], list[bool]
     if not kept:
         raise ValueError(f"rollout.capacity={cfg.rollout.capacity}: shorter than every demonstration")
     return kept
+
+
+def sft_optim(cfg: RunConfig) -> OptimSettings:
+    """The SFT phase's optimizer: ``optim`` with the ``sft`` section's learning rate and schedule
+    (cosine: decays over the SFT steps after the warmup)."""
+    s = cfg.sft
+    optim = cfg.optim if s.lr is None else dataclasses.replace(cfg.optim, lr=s.lr)
+    if s.schedule == "cosine":
+        return dataclasses.replace(optim, schedule="cosine", decay_steps=max(1, s.steps - optim.warmup_steps),
+                                   final_lr_fraction=s.final_lr_fraction)
+    return dataclasses.replace(optim, schedule="constant")
 
 
 def sft_batch(data, idx: np.ndarray, multiple: int = 64) -> dict[str, np.ndarray]:
@@ -244,7 +289,6 @@ def run_eval(run: Run, params, label: str, step: int) -> dict[str, Any]:
                     sampling=sampling_params(cfg, run.tok, temperature=cfg.eval.temperature),
                     key=step_key(cfg.seed, "eval", step), episode=episode_config(cfg),
                     success_threshold=cfg.rl.success_threshold)
-    m = {k: v for k, v in m.items() if k != "success_by_task"}
     m["wall_s"] = time.perf_counter() - t0
     run.log.log("eval", step, dict(m, label=label), show=("success", "reward", "turns", "label"))
     return m
@@ -255,7 +299,7 @@ def run_sft(run: Run, params):
 
     cfg = run.cfg
     s = cfg.sft
-    optim = cfg.optim if s.lr is None else dataclasses.replace(cfg.optim, lr=s.lr)
+    optim = sft_optim(cfg)
     tx = make_optimizer(optim)
     state = _on_mesh(TrainState.create(params, tx), run.rules)
     update = _keep_shardings(make_update(sft_loss_fn(run.qcfg), tx, lr_schedule=learning_rate(optim)), state)
@@ -266,6 +310,7 @@ def run_sft(run: Run, params):
         state, meta = ckpt.restore(_abstract(state))
         start = int(meta["next_step"])
     data = sft_data(run.cfg, run.tok) if start < s.steps else []
+    run.log.start("sft", s.steps, start, desc="sft")
     for i in range(start, s.steps):
         idx = step_rng(cfg.seed, "sft", i).choice(len(data), size=min(s.batch_size, len(data)), replace=False)
         batch = {k: jax.device_put(v, batch_sharding(run.rules, shape=v.shape)) for k, v in sft_batch(data, idx).items()}
@@ -274,6 +319,7 @@ def run_sft(run: Run, params):
             run.log.log("sft", i, {k: float(v) for k, v in jax.device_get(m).items()}, show=("loss", "nll", "grad_norm"))
         if cfg.checkpoint.every and (i + 1) % cfg.checkpoint.every == 0 and i + 1 < s.steps:
             ckpt.save(i + 1, state, {"next_step": i + 1})
+    run.log.end("sft")
     if s.steps and start < s.steps:
         ckpt.save(s.steps, state, {"next_step": s.steps}, force=True)
     ckpt.wait()
@@ -338,6 +384,7 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
         during = [r for r in read_metrics(run.run_dir / "metrics.jsonl")
                   if r.get("phase") == "eval" and r.get("label") == "during" and r.get("step", 0) <= start]
         last_eval = sorted(during, key=lambda r: r["step"])[-1] if during else {}
+    run.log.start("rl", cfg.steps, start, desc=f"rl ({cfg.rl.credit})")
     for i in range(start, cfg.steps):
         rng = step_rng(cfg.seed, "rl", i)
         tasks = [run.train_tasks[j] for j in rng.choice(len(run.train_tasks), cfg.rl.tasks_per_step, replace=False)]
@@ -353,6 +400,7 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
         if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < cfg.steps:
             ckpt.save(done, {"state": trainer.state, "ref": trainer.ref_params}, {"next_iter": done},
                       metrics={"eval/success": last_eval.get("success", 0.0)})
+    run.log.end("rl")
     if cfg.steps and start < cfg.steps:
         ckpt.save(cfg.steps, {"state": trainer.state, "ref": trainer.ref_params}, {"next_iter": cfg.steps},
                   metrics={"eval/success": last_eval.get("success", 0.0)}, force=True)
