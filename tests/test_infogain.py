@@ -199,6 +199,35 @@ def test_packed_len_too_small_is_an_error_and_calls_reuse_the_compilation():
     assert ig._shared_prefix_jit._cache_size() == before
 
 
+@pytest.mark.parametrize("mode", ["vmapped", "shared_prefix"])
+def test_row_chunks_give_the_one_call_result(mode):
+    # 5 rows, 2 at a time: three chunks, the last padded with an empty row.
+    batch = synthetic_batch(np.random.default_rng(7), batch=5, length=56, turns=4, vocab=64)
+    p = _params()
+    whole = compute_infogain(p, batch, PH, config=CFG, mode=mode)
+    chunked = compute_infogain(p, batch, PH, config=CFG, mode=mode, row_chunk=2)
+    for field in ("r_info_BT", "factual_sum_BT", "counterfactual_sum_BT"):
+        np.testing.assert_allclose(np.asarray(getattr(chunked, field)), np.asarray(getattr(whole, field)), atol=1e-5)
+    if mode == "shared_prefix":
+        np.testing.assert_allclose(np.asarray(chunked.factual_logp_BL), np.asarray(whole.factual_logp_BL), atol=1e-6)
+
+
+def test_shared_prefix_suffixes_follow_each_rows_last_token():
+    # Each row's counterfactual suffixes start after its own last token, so the packed length is
+    # max over rows of (trajectory + suffixes), not the padded length + the most suffix tokens.
+    batch = synthetic_batch(np.random.default_rng(3), batch=4, length=80, turns=4, vocab=64)
+    pad = np.asarray(batch.pad_mask_BL) != 0
+    L = pad.shape[1]
+    ends = L - np.argmax(pad[:, ::-1], axis=1)
+    valid = np.asarray(infogain_valid_turns(batch))
+    act, fb = np.asarray(batch.action_span_BT2), np.asarray(batch.feedback_span_BT2)
+    suffix = np.array([sum(len(PH) + act[b, t + 1, 1] - fb[b, t, 1] for t in range(act.shape[1] - 1) if valid[b, t])
+                       for b in range(4)])
+    assert len(set(ends)) > 1 and suffix.max() > 0
+    assert packed_length(batch, len(PH), multiple=1) == max(L, int((ends + suffix).max()))
+    assert packed_length(batch, len(PH), multiple=1) < L + suffix.max()
+
+
 def test_batch_padding_rows_enter_no_group_statistic():
     from jaxagent.credit import GRPOConfig, InfoPOConfig, fuse
 

@@ -57,6 +57,22 @@ def test_one_iteration_updates_the_policy_with_finite_metrics(credit):
         assert "info/gain_mean" not in metrics
 
 
+def test_iteration_is_rollout_then_train_on():
+    tasks = GYMS["telepathy"].make_tasks("train", 2, seed=0)
+    key = jax.random.key(3)
+    a, b = _trainer("infopo"), _trainer("infopo")
+    m_a, trajs_a = a.iteration(tasks, key)
+    trajs_b = b.rollout(tasks, jax.random.split(key, 3)[0])
+    m_b = b.train_on(trajs_b, key)
+    assert [t.tokens for t in trajs_a] == [t.tokens for t in trajs_b]
+    for x, y in zip(jax.tree.leaves(a.state.params), jax.tree.leaves(b.state.params)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert "time/rollout_s" in m_a and "time/rollout_s" not in m_b
+    for k, v in m_b.items():
+        if not k.startswith("time/") and k != "tokens_per_s":
+            assert m_a[k] == v, k
+
+
 def test_episode_metrics_hand_computed():
     class T:  # the fields episode_metrics reads
         def __init__(self, reward, spans, n, term="done"):

@@ -19,7 +19,8 @@ Three modes with identical results (tested to 1e-5 in float32):
 - ``vmapped``: gathers all counterfactual histories [B*T, L + |PH|] on the device and scores them
   in one teacher-forcing call; the factual term comes from the trajectory's own pass;
 - ``shared_prefix``: the counterfactual shares the trajectory's tokens before o_t, so each turn's
-  suffix [PH + template + a_{t+1}] is packed after the trajectory, attends to the prefix before
+  suffix [PH + template + a_{t+1}] is packed after the trajectory (right after its last real
+  token, so a short row's padding holds suffixes rather than nothing), attends to the prefix before
   o_t with the positions it would have, and to itself causally; one pass of about the
   trajectory's length gives every counterfactual *and* the factual log-probs (the old log-probs
   of the PPO update) at once.
@@ -40,7 +41,7 @@ from flax import struct
 from jaxagent.credit.batch import CreditBatch
 from jaxagent.credit.fusion import infogain_valid_turns
 from jaxagent.models.config import QwenConfig
-from jaxagent.models.qwen import Params, token_logprobs
+from jaxagent.models.qwen import Params, map_row_chunks, token_logprobs
 
 PlaceholderMode = Literal["replace", "overwrite"]
 Mode = Literal["naive", "vmapped", "shared_prefix"]
@@ -129,11 +130,12 @@ def infogain_vmapped(
     placeholder_mode: PlaceholderMode = "replace",
     attn_impl: str = "xla",
     chunk_size: int = 512,
+    row_chunk: int | None = None,
 ) -> InfoGainOutput:
     """Every counterfactual history through one batched teacher-forcing call ([B*T, Lc]).
 
     ``factual_logp_BL``: the trajectories' next-token log-probs (the old-log-prob pass); computed
-    here when not given.
+    here when not given. ``row_chunk``: rows scored at a time (see `token_logprobs`).
     """
     B, L = batch.tokens_BL.shape
     T = batch.action_span_BT2.shape[1]
@@ -141,7 +143,7 @@ def infogain_vmapped(
     if factual_logp_BL is None:
         factual_logp_BL = token_logprobs(
             params, batch.tokens_BL, config=config, segment_ids_BL=batch.pad_mask_BL.astype(jnp.int32),
-            attn_impl=attn_impl, chunk_size=chunk_size,
+            attn_impl=attn_impl, chunk_size=chunk_size, row_chunk=row_chunk,
         )
     nxt = _next_action_span(batch)
     fact = _sum_over_action(factual_logp_BL, nxt)
@@ -150,6 +152,7 @@ def infogain_vmapped(
     lp = token_logprobs(
         params, cf_tokens.reshape(B * T, Lc), config=config,
         segment_ids_BL=cf_mask.reshape(B * T, Lc).astype(jnp.int32), attn_impl=attn_impl, chunk_size=chunk_size,
+        row_chunk=row_chunk,
     )
     cf = _sum_over_action(lp, cf_span.reshape(B * T, 1, 2)).reshape(B, T)
     act_len = nxt[..., 1] - nxt[..., 0]
@@ -157,16 +160,27 @@ def infogain_vmapped(
 
 
 # ---------------------------------------------------------------------------- shared prefix
+def _row_ends(pad_mask_BL) -> jax.Array:
+    """[B]: one past each row's last real token (0 for an empty row); its suffixes start there."""
+    pad = jnp.asarray(pad_mask_BL) != 0
+    return jnp.max(jnp.where(pad, jnp.arange(1, pad.shape[1] + 1, dtype=jnp.int32)[None, :], 0), axis=1)
+
+
 def packed_length(batch: CreditBatch, P: int, placeholder_mode: PlaceholderMode = "replace",
                   multiple: int = 64) -> int:
-    """Host helper: the packed length that holds every row's trajectory and all its suffixes,
-    rounded up to ``multiple`` (a static shape; bucketing limits recompilation)."""
+    """Host helper: the packed length that holds every row's trajectory and all its suffixes
+    (at least the padded trajectory length L), rounded up to ``multiple`` (a static shape;
+    bucketing limits recompilation)."""
     fb = np.asarray(batch.feedback_span_BT2)
-    nxt = np.asarray(_next_action_span(batch))
+    act = np.asarray(batch.action_span_BT2)
+    nxt_end = np.concatenate([act[:, 1:, 1], np.zeros_like(act[:, :1, 1])], axis=1)
     valid = np.asarray(infogain_valid_turns(batch))
+    pad = np.asarray(batch.pad_mask_BL) != 0
+    L = pad.shape[1]
+    ends = np.where(pad.any(axis=1), L - np.argmax(pad[:, ::-1], axis=1), 0)
     r_len = np.full(fb.shape[:2], P) if placeholder_mode == "replace" else fb[..., 1] - fb[..., 0]
-    suffix = np.where(valid, r_len + nxt[..., 1] - fb[..., 1], 0).sum(axis=1)
-    need = batch.tokens_BL.shape[1] + int(suffix.max(initial=0))
+    suffix = np.where(valid, r_len + nxt_end - fb[..., 1], 0).sum(axis=1)
+    need = max(L, int((ends + suffix).max(initial=0)))
     return -(-need // multiple) * multiple
 
 
@@ -184,9 +198,10 @@ def shared_prefix_layout(batch: CreditBatch, ph_P: jax.Array, packed_len: int, p
     suf_len = jnp.where(valid, r_len + nxt[..., 1] - fe, 0)  # [B, T]
     suf_end = jnp.cumsum(suf_len, axis=1)
     suf_start = suf_end - suf_len
+    end_B1 = _row_ends(batch.pad_mask_BL)[:, None]  # each row's suffixes follow its own last token
 
     j = jnp.arange(packed_len, dtype=jnp.int32)[None, :]  # [1, Lp]
-    rel = j - L  # index inside the suffix area
+    rel = j - end_B1  # index inside the row's suffix area
     t_of = jax.vmap(lambda ends, r: jnp.searchsorted(ends, r, side="right"))(suf_end, jnp.broadcast_to(rel, (B, packed_len)))
     t_of = jnp.clip(t_of, 0, T - 1)
     take = lambda x: jnp.take_along_axis(x, t_of, axis=1)  # noqa: E731
@@ -197,7 +212,7 @@ def shared_prefix_layout(batch: CreditBatch, ph_P: jax.Array, packed_len: int, p
     traj_src = jnp.clip(jnp.where(in_suffix, fe_j + (k - rl_j), j), 0, L - 1)
     traj_tok = jnp.take_along_axis(batch.tokens_BL, traj_src, axis=1)
     tokens = jnp.where(in_suffix & (k < rl_j), ph_tok, traj_tok)
-    in_traj = j < L
+    in_traj = j < end_B1
     real = jnp.where(in_traj, batch.pad_mask_BL.astype(bool).reshape(B, L)[:, jnp.clip(j[0], 0, L - 1)], in_suffix)
     tokens = jnp.where(real, tokens, 0)
     positions = jnp.where(in_suffix, fs_j + k, jnp.where(in_traj, j, 0)).astype(jnp.int32)
@@ -209,7 +224,7 @@ def shared_prefix_layout(batch: CreditBatch, ph_P: jax.Array, packed_len: int, p
     sees_traj = key_traj[:, None, :] & (j[:, None, :] < limit[:, :, None])
     sees_own = (suffix_id[:, :, None] >= 0) & (suffix_id[:, :, None] == suffix_id[:, None, :])
     mask = (sees_traj | sees_own) & real[:, :, None]
-    act_start = L + suf_start + r_len + (nxt[..., 0] - fe)
+    act_start = end_B1 + suf_start + r_len + (nxt[..., 0] - fe)
     return tokens, positions, mask, act_start, real
 
 
@@ -223,18 +238,27 @@ def infogain_shared_prefix(
     placeholder_mode: PlaceholderMode = "replace",
     attn_impl: str = "xla",
     chunk_size: int = 512,
+    row_chunk: int | None = None,
 ) -> InfoGainOutput:
     """One packed teacher-forcing pass per trajectory: the trajectory, then each valid turn's
     counterfactual suffix. Returns r_info and, as a by-product, the trajectories' next-token
-    log-probs (``factual_logp_BL``). ``packed_len`` (static) from `packed_length`."""
+    log-probs (``factual_logp_BL``). ``packed_len`` (static) from `packed_length`.
+    ``row_chunk``: packed rows scored at a time (see `token_logprobs`)."""
     B, L = batch.tokens_BL.shape
     if packed_len < L:
         raise ValueError(f"packed_len={packed_len}: expected >= the trajectory length {L} (see packed_length)")
     valid = infogain_valid_turns(batch)
-    tokens, positions, mask, act_start, real = shared_prefix_layout(batch, ph_P, packed_len, placeholder_mode)
-    lp = token_logprobs(
-        params, tokens, config=config, positions_BL=positions, mask_BLS=mask, attn_impl=attn_impl, chunk_size=chunk_size
-    )
+
+    def packed_logprobs(rows: CreditBatch):  # layout and pass for some rows: their [b, Lp, Lp] masks only
+        tokens, positions, mask, act_start, _ = shared_prefix_layout(rows, ph_P, packed_len, placeholder_mode)
+        lp = token_logprobs(params, tokens, config=config, positions_BL=positions, mask_BLS=mask, attn_impl=attn_impl,
+                            chunk_size=chunk_size)
+        return lp, act_start
+
+    if row_chunk is not None and 0 < row_chunk < B:
+        lp, act_start = map_row_chunks(packed_logprobs, row_chunk, batch)
+    else:
+        lp, act_start = packed_logprobs(batch)
     nxt = _next_action_span(batch)
     act_len = nxt[..., 1] - nxt[..., 0]
     factual_lp = lp[:, :L]
@@ -251,9 +275,11 @@ def _naive_scorer(config: QwenConfig, attn_impl: str):
     return jax.jit(lambda p, x, m: token_logprobs(p, x, config=config, segment_ids_BL=m, attn_impl=attn_impl))
 
 
-_vmapped_jit = jax.jit(infogain_vmapped, static_argnames=("config", "placeholder_mode", "attn_impl", "chunk_size"))
+_vmapped_jit = jax.jit(infogain_vmapped,
+                       static_argnames=("config", "placeholder_mode", "attn_impl", "chunk_size", "row_chunk"))
 _shared_prefix_jit = jax.jit(
-    infogain_shared_prefix, static_argnames=("config", "packed_len", "placeholder_mode", "attn_impl", "chunk_size")
+    infogain_shared_prefix,
+    static_argnames=("config", "packed_len", "placeholder_mode", "attn_impl", "chunk_size", "row_chunk"),
 )
 
 
@@ -344,11 +370,14 @@ def compute_infogain(
     factual_logp_BL: jax.Array | None = None,
     packed_len: int | None = None,
     attn_impl: str = "xla",
+    row_chunk: int | None = None,
 ) -> InfoGainOutput:
     """Dispatches to one of the three modes (host entry point; the vmapped and shared-prefix
     modes are single jitted calls). ``mode`` and ``placeholder_mode`` are `InfoPOConfig`'s
     fields of the same names; ``ph_ids`` is its ``placeholder`` tokenised as the feedback's
-    content would be (e.g. `ChatRenderer.encode_content`)."""
+    content would be (e.g. `ChatRenderer.encode_content`). ``row_chunk`` (vmapped and
+    shared_prefix): rows run through the model at a time (None: all at once; see
+    `token_logprobs`)."""
     if mode not in ("naive", "vmapped", "shared_prefix"):
         raise ValueError(f"mode={mode!r}: expected 'naive', 'vmapped' or 'shared_prefix'")
     if placeholder_mode not in ("replace", "overwrite"):
@@ -360,11 +389,11 @@ def compute_infogain(
         return infogain_naive(params, batch, ph, config=config, placeholder_mode=placeholder_mode, attn_impl=attn_impl)
     if mode == "vmapped":
         return _vmapped_jit(params, batch, jnp.asarray(ph), config=config, factual_logp_BL=factual_logp_BL,
-                            placeholder_mode=placeholder_mode, attn_impl=attn_impl)
+                            placeholder_mode=placeholder_mode, attn_impl=attn_impl, row_chunk=row_chunk)
     need = packed_length(batch, int(ph.size), placeholder_mode, multiple=1)
     packed_len = packed_len or packed_length(batch, int(ph.size), placeholder_mode)
     if packed_len < need:
         raise ValueError(f"packed_len={packed_len}: expected >= {need}, the trajectories plus all their "
                          "counterfactual suffixes (see packed_length)")
     return _shared_prefix_jit(params, batch, jnp.asarray(ph), config=config, packed_len=packed_len,
-                              placeholder_mode=placeholder_mode, attn_impl=attn_impl)
+                              placeholder_mode=placeholder_mode, attn_impl=attn_impl, row_chunk=row_chunk)

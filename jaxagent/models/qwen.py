@@ -361,6 +361,31 @@ def next_token_targets(tokens_BL: jax.Array) -> jax.Array:
     return jnp.concatenate([tokens_BL[:, 1:], jnp.zeros_like(tokens_BL[:, :1])], axis=1)
 
 
+def map_row_chunks(fn, rows: int, x_B, **per_row):
+    """``fn(x_B, **per_row)`` computed ``rows`` rows at a time in a `jax.lax.map`; the result is
+    the same pytree of ``[B, ...]`` arrays. ``x_B`` is an array or a pytree of arrays with leading
+    axis B; keyword arrays whose leading axis is B are split too, others (and None) are passed
+    whole. Chunk k holds the rows k, k + n, k + 2n, ... (n chunks), so a batch axis sharded over
+    devices stays sharded inside each chunk; B is padded with zero rows to a multiple of
+    ``rows`` (their results are dropped)."""
+    B = jax.tree.leaves(x_B)[0].shape[0]
+    n = -(-B // rows)
+    pad = n * rows - B
+    split_keys = [k for k, v in per_row.items() if v is not None and v.ndim >= 1 and v.shape[0] == B]
+
+    def split(x):
+        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)) if pad else x
+        return x.reshape(rows, n, *x.shape[1:]).swapaxes(0, 1)
+
+    def merge(y):
+        return y.swapaxes(0, 1).reshape(n * rows, *y.shape[2:])[:B]
+
+    fixed = {k: v for k, v in per_row.items() if k not in split_keys}
+    parts = (jax.tree.map(split, x_B), {k: split(per_row[k]) for k in split_keys})
+    out = jax.lax.map(lambda a: fn(a[0], **a[1], **fixed), parts)
+    return jax.tree.map(merge, out)
+
+
 def token_logprobs(
     params: Params,
     tokens_BL: jax.Array,
@@ -375,13 +400,24 @@ def token_logprobs(
     rules: LogicalRules | None = None,
     chunk_size: int = 512,
     return_entropy: bool = False,
+    row_chunk: int | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Teacher-forced log-probs [B, L] float32: entry t is log pi(targets[t] | what query t sees).
 
     ``targets_BL`` defaults to the next token (`next_token_targets`), whose last column is a
     dummy 0 that callers mask. Packed layouts pass explicit targets. Float32 logits are only ever
     held for one chunk of ``chunk_size`` positions (see `logprobs_from_hidden`).
+
+    ``row_chunk``: run the rows ``row_chunk`` at a time (`map_row_chunks`), so the attention's
+    float32 scores exist for that many rows only. Per-row results are the same computation (equal
+    up to float32 rounding); on a CPU, where attention over long rows is memory-bound, scoring 8
+    rows at a time instead of 40 was 1.8x faster (docs/BENCHMARKS.md, RL step).
     """
+    if row_chunk is not None and 0 < row_chunk < tokens_BL.shape[0]:
+        one = functools.partial(token_logprobs, params, config=config, causal=causal, attn_impl=attn_impl,
+                                rules=rules, chunk_size=chunk_size, return_entropy=return_entropy)
+        return map_row_chunks(one, row_chunk, tokens_BL, targets_BL=targets_BL, positions_BL=positions_BL,
+                              segment_ids_BL=segment_ids_BL, mask_BLS=mask_BLS)
     h = hidden_states(
         params,
         tokens_BL,

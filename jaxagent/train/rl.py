@@ -7,6 +7,8 @@ teacher-forced information gain of each feedback; ``faca``: + lambda * A_proc fr
 reactions; ``infopo+faca``: both), scores the batch under the frozen reference policy for the
 KL term, and runs ``ppo_epochs`` passes of shuffled minibatches through the jitted update. The
 old log-probs are the sampler's (the raw policy at sampling time, equal to teacher forcing).
+`RLTrainer.train_on(trajs, key)` is the part after the rollout, on given episodes
+(``scripts/bench_step.py`` times it for GRPO and InfoPO on one batch).
 
 Per-iteration metrics: success (outcome >= ``success_threshold``), reward, turns, response
 length, terminations, simulator failures, info-gain by turn index, gate, the update's metrics
@@ -55,6 +57,9 @@ class RLSettings:
     microbatches: int = 1  # gradient accumulation inside one update
     success_threshold: float = 1.0
     length_multiple: int = 128  # collated (and info-gain packed) lengths round up to this: few compiled shapes
+    # Teacher-forced scoring outside the gradient (reference log-probs, the info-gain pass) runs
+    # this many rows at a time (0: the whole batch at once); results equal to float32 rounding.
+    score_rows: int = 8
 
     def validate(self) -> None:
         if self.credit not in CREDIT_METHODS:
@@ -69,10 +74,12 @@ class RLSettings:
                              f"group_size * tasks_per_step = {batch}")
         if mb % self.microbatches:
             raise ValueError(f"microbatches={self.microbatches}: expected a divisor of the minibatch size {mb}")
+        if self.score_rows < 0:
+            raise ValueError(f"score_rows={self.score_rows}: expected 0 (all rows at once) or an integer >= 1")
 
 
-def _jit_scores(config: QwenConfig):
-    return jax.jit(lambda p, t: sequence_scores(p, t, config=config))
+def _jit_scores(config: QwenConfig, rows: int | None = None):
+    return jax.jit(lambda p, t: sequence_scores(p, t, config=config, row_chunk=rows))
 
 
 class RLTrainer:
@@ -97,7 +104,7 @@ class RLTrainer:
         self.ref_params = ref_params if ref_params is not None else jax.tree.map(jnp.copy, state.params)
         self.update = make_update(ppo_loss_fn(config, ppo), tx, microbatches=settings.microbatches, agg=ppo.agg,
                                   lr_schedule=lr_schedule)
-        self.scores = _jit_scores(config)
+        self.scores = _jit_scores(config, settings.score_rows or None)
         self._fuse = jax.jit(lambda b, r, k: fuse(b, r, self.infopo, self.faca, self.grpo, k))
         if self.infopo is not None:
             self.ph_ids = ChatRenderer(tokenizer).encode_content(self.infopo.placeholder)
@@ -111,20 +118,39 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ one iteration
     def iteration(self, tasks: Sequence[str], key: jax.Array) -> tuple[dict[str, float], list[Trajectory]]:
-        k_roll, k_credit, k_perm = jax.random.split(key, 3)
+        """Rollouts of ``tasks`` with the current policy, then `train_on` them (same ``key``)."""
+        k_roll = jax.random.split(key, 3)[0]
         t0 = time.perf_counter()
         trajs = self.rollout(tasks, k_roll)
         t_roll = time.perf_counter() - t0
+        return self._train(trajs, key, t_roll), trajs
 
+    def train_on(self, trajs: Sequence[Trajectory], key: jax.Array) -> dict[str, Any]:
+        """Credit and PPO epochs on given episodes: the part of `iteration` after the rollout.
+
+        ``key`` is the iteration's key: of its three splits the first is the rollout's (unused
+        here), the second the credit's and the third the minibatch order's, so
+        ``iteration(tasks, key)`` equals ``rollout(tasks, split(key, 3)[0])`` then
+        ``train_on(trajs, key)``. Returns the metrics of `iteration` without the rollout's time
+        (``tokens_per_s`` over credit and update only)."""
+        return self._train(trajs, key, None)
+
+    def _train(self, trajs: Sequence[Trajectory], key: jax.Array, t_roll: float | None) -> dict[str, Any]:
+        _, k_credit, k_perm = jax.random.split(key, 3)
         t1 = time.perf_counter()
-        batch, old_lp = collate(trajs, multiple=self.settings.length_multiple)
+        # Turns padded to the episode limit (padded turns are invalid: no credit, no statistic), so
+        # the credit's compiled shapes depend on the lengths only, not on each batch's longest episode.
+        n_turns = max(1, max(len(t.action_spans()) for t in trajs))
+        batch, old_lp = collate(trajs, multiple=self.settings.length_multiple,
+                                turns=max(n_turns, self.episode.max_turns))
         tokens = batch.tokens_BL
         r_info = None
         if self.infopo is not None:
             packed = packed_length(batch, len(self.ph_ids), self.infopo.placeholder_mode,
                                    multiple=self.settings.length_multiple)
             out = compute_infogain(self.state.params, batch, self.ph_ids, config=self.config, mode=self.infopo.mode,
-                                   placeholder_mode=self.infopo.placeholder_mode, packed_len=packed)
+                                   placeholder_mode=self.infopo.placeholder_mode, packed_len=packed,
+                                   row_chunk=self.settings.score_rows or None)
             r_info = out.r_info_BT
         A_BL, diag = self._fuse(batch, r_info, k_credit)
         data = {"tokens": tokens, "loss_mask": batch.loss_mask_BL, "advantages": A_BL,
@@ -158,16 +184,18 @@ class RLTrainer:
             metrics["info/gate_mean"] = float(np.mean(np.asarray(diag["gate_B"])))
             metrics["info/l1_share"] = float(diag["info_l1_share"])
             metrics["info/gain_by_turn"] = [float(r[:, t][valid[:, t]].mean()) if valid[:, t].any() else None
-                                            for t in range(r.shape[1])]
+                                            for t in range(n_turns)]
         if self.faca is not None:
             for k, v in diag.items():
                 if k.startswith("faca/") and np.ndim(v) == 0:
                     metrics[k] = float(v)
         n_tok = int(np.asarray(batch.pad_mask_BL).sum())
-        metrics.update({"time/rollout_s": t_roll, "time/credit_s": t_credit, "time/update_s": t_update,
-                        "tokens": n_tok, "tokens_per_s": n_tok / max(t_roll + t_credit + t_update, 1e-9),
+        if t_roll is not None:
+            metrics["time/rollout_s"] = t_roll
+        metrics.update({"time/credit_s": t_credit, "time/update_s": t_update,
+                        "tokens": n_tok, "tokens_per_s": n_tok / max((t_roll or 0.0) + t_credit + t_update, 1e-9),
                         "updates": int(self.state.step), "skipped_updates": int(self.state.skipped)})
-        return metrics, trajs
+        return metrics
 
 
 def episode_metrics(trajs: Sequence[Trajectory], success_threshold: float = 1.0) -> dict[str, Any]:

@@ -112,10 +112,12 @@ def _all_finite(tree) -> jax.Array:
 
 # ----------------------------------------------------------------------------- scoring
 def sequence_scores(params, tokens_BL: jax.Array, *, config: QwenConfig, entropy: bool = False,
-                    attn_impl: str = "xla") -> jax.Array | tuple[jax.Array, jax.Array]:
+                    attn_impl: str = "xla", row_chunk: int | None = None) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Teacher-forced log-probs [B, L] with entry t scoring token t (entry 0 is 0), and with
-    ``entropy`` the policy's entropy at the position that predicts token t (entry 0 is 0)."""
-    out = token_logprobs(params, tokens_BL, config=config, attn_impl=attn_impl, return_entropy=entropy)
+    ``entropy`` the policy's entropy at the position that predicts token t (entry 0 is 0).
+    ``row_chunk``: rows scored at a time (see `token_logprobs`)."""
+    out = token_logprobs(params, tokens_BL, config=config, attn_impl=attn_impl, return_entropy=entropy,
+                         row_chunk=row_chunk)
     lp, ent = out if entropy else (out, None)
     shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
     return (shift(lp), shift(ent)) if entropy else shift(lp)
