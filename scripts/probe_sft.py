@@ -3,22 +3,59 @@ by token kind (the intention gym's detail *values*, detail names, everything els
 greedily on 32 test tasks and prints a failed episode's agent turns.
 
     python3 scripts/probe_sft.py sft.steps=500 [key=value ...]   # any launch override
+    python3 scripts/probe_sft.py --note in-order sft.steps=500      # another running-note format
+
+``--note`` swaps the intention gym's imitable demonstrator for one whose running note is written
+differently (the comparison in docs/BENCHMARKS.md): ``newest-first`` (the gym's own, "the plan :
+scarf green ."), ``in-order`` ("green scarf"), ``in-order-commas`` ("green , scarf"), or
+``fixed-slots`` (one entry per detail in the system prompt's order, "-" where none is known).
+``PROBE_SHOW=N`` prints N failed held-out episodes (default 2).
 
 Progress (every 50 steps) goes to stderr; the last stdout line is JSON. Used for the quickstart
 section of docs/BENCHMARKS.md.
 """
-import sys, time, json
-import numpy as np, jax, jax.numpy as jnp
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from jaxagent.config import load_config
-from jaxagent.train import jobs
-from jaxagent.train.step import learning_rate, make_optimizer, make_update, sft_loss_fn, TrainState, sequence_scores
-from jaxagent.train.evaluate import evaluate
-from jaxagent.models import LogicalRules, make_mesh
-from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.envs.gyms.demos import expert_demos, render_demo
 from jaxagent.envs.gyms.intention import DOMAINS
+from jaxagent.models import LogicalRules, make_mesh
+from jaxagent.rollout.engine import GenerationEngine
+from jaxagent.train import jobs
+from jaxagent.train.evaluate import evaluate
+from jaxagent.train.step import TrainState, learning_rate, make_optimizer, make_update, sequence_scores, sft_loss_fn
 
 args = sys.argv[1:]
+NOTES = ("newest-first", "in-order", "in-order-commas", "fixed-slots")
+note = "newest-first"
+if args[:1] == ["--note"]:
+    note, args = args[1], args[2:]
+    if note not in NOTES:
+        sys.exit(f"--note {note!r}: expected one of {', '.join(NOTES)}")
+if note != "newest-first":
+    import dataclasses
+
+    from jaxagent.envs import gyms
+    from jaxagent.envs.gyms.common import act, answer
+
+    def _demonstrator(env):
+        t, st = env.task, env.state
+        todo = [s for s in DOMAINS[t["domain"]] if s != t["stated"] and s not in st["asked"]]
+        known = (t["stated"], *st["revealed"])
+        if note == "fixed-slots":
+            text = " ".join(t["values"][s] if s in known else "-" for s in DOMAINS[t["domain"]])
+        else:
+            text = (" , " if note == "in-order-commas" else " ").join(t["values"][s] for s in known)
+        return act(f"the plan : {text} . what is the {todo[0]} ?") if todo else answer(f"the plan : {text} .")
+
+    gyms.GYMS["intention"] = dataclasses.replace(gyms.GYMS["intention"], imitable_policy=_demonstrator)
 every = 50
 cfg = load_config(None, args)
 rules = LogicalRules(make_mesh(cfg.mesh))
@@ -62,9 +99,12 @@ make_env, train, test = jobs.build_env(cfg)
 eng = GenerationEngine(state.params, qcfg, slots=16, capacity=1024, vocab_limit=tok.vocab_size)
 mm, trajs = evaluate(state.params, eng, make_env, tok, test[:32], k=1, sampling=jobs.sampling_params(cfg, tok, temperature=0.0),
                      key=jax.random.key(0), episode=jobs.episode_config(cfg))
-print(json.dumps({"args": args, "heldout_loss": heldout(state.params), "sft_s": round(t_sft), "success": mm["success"], "reward": mm["reward"], "turns": mm["turns"]}))
-for t in [t for t in trajs if t.outcome_reward < 1][:2]:
+print(json.dumps({"args": args, "note": note, "heldout_loss": heldout(state.params), "sft_s": round(t_sft), "success": mm["success"], "reward": mm["reward"], "turns": mm["turns"]}))
+for t in [t for t in trajs if t.outcome_reward < 1][:int(os.environ.get("PROBE_SHOW", "2"))]:
     print(f"---- reward {t.outcome_reward:.3f} ({t.termination})", file=sys.stderr)
-    for line in tok.decode(t.tokens).splitlines():
+    lines = tok.decode(t.tokens).splitlines()
+    for j, line in enumerate(lines):
         if line.startswith('{"name"'):
-            print(line, file=sys.stderr)
+            print("  A", line.split('"content": ')[-1][:-2], file=sys.stderr)
+        elif line.startswith("<|im_start|>user") and j + 1 < len(lines) and not lines[j + 1].startswith("<tool_response>"):
+            print("  U", lines[j + 1], file=sys.stderr)

@@ -41,6 +41,7 @@ def test_paper_scale_config():
     ("env.kind=llm_user", ["env", "llm_user"]),
     ("name=a/b", ["name='a/b'"]),
     ("steps=many", ["steps", "'many'", "int"]),
+    ("model.initializer_range=0", ["model", "initializer_range=0", "positive"]),
 ])
 def test_bad_values_name_the_key(override, words):
     with pytest.raises(configlib.ConfigError) as e:
@@ -54,3 +55,24 @@ def test_overrides_reach_nested_sections():
                                  "mesh={data: 2, fsdp: 4}"])
     assert cfg.optim.lr == 3e-7 and cfg.rl.group_size == 4 and cfg.infopo.beta == 0.3
     assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor) == (2, 4, 1)
+
+
+def test_initializer_range_reaches_the_random_weights():
+    """``model.initializer_range`` sets the std of a preset's random matrices (the quickstart
+    draws them at 0.05; null keeps the preset's 0.02)."""
+    import jax
+    import numpy as np
+
+    from jaxagent.models import LogicalRules, make_mesh
+    from jaxagent.train import jobs
+
+    assert RunConfig().model.initializer_range == 0.05
+    stds = {}
+    for r in (None, 0.05, 0.2):
+        cfg = load_config(overrides=[f"model.initializer_range={'null' if r is None else r}", "mesh={data: 1}"])
+        tok = jobs.build_tokenizer(cfg)
+        qcfg, params = jobs.build_model(cfg, tok, LogicalRules(make_mesh(cfg.mesh)))
+        assert qcfg.initializer_range == (0.02 if r is None else r)
+        stds[r] = float(np.std(np.asarray(jax.device_get(params["embed"]))))
+    for r, std in stds.items():
+        assert abs(std - (0.02 if r is None else r)) < 0.05 * (0.02 if r is None else r), stds

@@ -258,9 +258,12 @@ def test_intention_imitable_policy_uses_only_what_the_agent_sees():
     assert [question(q) for q in imitable[0]] == [question(q) for q in imitable[1]] == [
         f"what is the {s} ?" for s in slots]
     assert expert[0] != expert[1]
-    # The imitable's running note: the stated value, then each value the user gave, in order.
+    # The imitable's running note: the values the user gave, newest first, the stated one last.
     hidden = slots[:2]
     notes = [q.rsplit(" . ", 1)[0] for q in questions[("imitable_policy", tuple(hidden))]]
     given = [base["values"][base["stated"]]] + [base["values"][s] for s in slots if s in hidden]
-    assert notes == ["the plan : " + " , ".join(given[: 1 + sum(s in hidden for s in slots[:i])])
+    assert notes == ["the plan : " + " ".join(reversed(given[: 1 + sum(s in hidden for s in slots[:i])]))
                      for i in range(len(slots))]
+    # Each note after the first value is the previous note (the induction copy the model learns).
+    for prev, cur in zip(notes, notes[1:]):
+        assert cur.endswith(prev[len("the plan :"):])

@@ -63,8 +63,8 @@ def build_tokenizer(cfg: RunConfig) -> Tokenizer:
 
 
 def model_config(cfg: RunConfig, vocab_size: int) -> QwenConfig:
-    """The preset with the run's shape overrides (vocab rounded up to a multiple of 64), or the
-    checkpoint's config.json."""
+    """The preset with the run's shape and initializer overrides (vocab rounded up to a multiple
+    of 64), or the checkpoint's config.json."""
     m = cfg.model
     dtype = DTypePolicy(m.param_dtype, m.dtype)
     if m.path is not None:
@@ -73,6 +73,8 @@ def model_config(cfg: RunConfig, vocab_size: int) -> QwenConfig:
     shape = {f: getattr(m, f) for f in ("hidden_size", "num_hidden_layers", "intermediate_size",
                                         "num_attention_heads", "num_key_value_heads", "head_dim")
              if getattr(m, f) is not None}
+    if m.initializer_range is not None:
+        shape["initializer_range"] = m.initializer_range
     return preset(m.preset, vocab_size=-(-vocab_size // 64) * 64, dtype=dtype, remat=m.remat,
                   max_position_embeddings=max(cfg.rollout.capacity, 2048), **shape)
 

@@ -136,15 +136,22 @@ def imitable_policy(env: IntentionGym) -> AgentMessage:
     user gave. It reaches the maximum reward too, and each of its turns is a function of what
     the agent sees, so a small model can imitate it exactly.
 
-    Each question carries a running note of the values known so far ("the plan : green , scarf .
-    what is the budget ?"; values only, so the user still hears one detail), and the answer is the
-    last note plus the last value. Every value the agent writes is then copied from the turn just
-    before it (its own last note, or the user's last reply) rather than retrieved from anywhere in
-    a 400-token context: a 2-layer model learns the short copy in a few hundred SFT steps, and
-    the long-range retrieval not at all in 600 (docs/BENCHMARKS.md, the quickstart section)."""
+    Each question carries a running note of the values known so far, newest first ("the plan :
+    scarf green . what is the budget ?"; values only, so the user still hears one detail), and the
+    answer is the last note. The note is written for a small model to copy: its first value is the
+    user's last reply (or, after a vague reply, the first value of the previous note), and every
+    later value is the one that followed the value before it in the previous note, so each value
+    the agent writes is a copy from the turn just before it, and a plain induction copy (the
+    token that followed this token last time) is right everywhere but at the first value. Notes
+    in the order values arrive, or with commas between values, break that: the token that
+    followed a value differs from note to note, and a 2-layer model then learns the slot of each
+    value in minutes but not which of its three values; and without the note the answer needs
+    retrieval from anywhere in a 400-token context, which it does not learn in minutes at all
+    (docs/BENCHMARKS.md, the quickstart section).
+    """
     t, st = env.task, env.state
     todo = [s for s in DOMAINS[t["domain"]] if s != t["stated"] and s not in st["asked"]]
-    known = " , ".join(t["values"][s] for s in (t["stated"], *st["revealed"]))
+    known = " ".join(t["values"][s] for s in reversed((t["stated"], *st["revealed"])))
     if todo:
         return act(f"the plan : {known} . what is the {todo[0]} ?")
     return answer(f"the plan : {known} .")
