@@ -70,13 +70,12 @@ def model_config(cfg: RunConfig, vocab_size: int) -> QwenConfig:
     if m.path is not None:
         hf = json.loads((Path(m.path) / "config.json").read_text())
         return QwenConfig.from_hf_dict(hf, dtype=dtype, remat=m.remat)
-    shape = {f: getattr(m, f) for f in ("hidden_size", "num_hidden_layers", "intermediate_size",
-                                        "num_attention_heads", "num_key_value_heads", "head_dim")
-             if getattr(m, f) is not None}
-    if m.initializer_range is not None:
-        shape["initializer_range"] = m.initializer_range
+    overrides = {f: getattr(m, f) for f in ("hidden_size", "num_hidden_layers", "intermediate_size",
+                                            "num_attention_heads", "num_key_value_heads", "head_dim",
+                                            "initializer_range")
+                 if getattr(m, f) is not None}
     return preset(m.preset, vocab_size=-(-vocab_size // 64) * 64, dtype=dtype, remat=m.remat,
-                  max_position_embeddings=max(cfg.rollout.capacity, 2048), **shape)
+                  max_position_embeddings=max(cfg.rollout.capacity, 2048), **overrides)
 
 
 def build_model(cfg: RunConfig, tok: Tokenizer, rules: LogicalRules) -> tuple[QwenConfig, Any]:
