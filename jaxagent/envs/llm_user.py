@@ -584,34 +584,52 @@ class LLMUserClient:
         return delay
 
     @staticmethod
-    def _content(body: bytes) -> str:
+    def _message(body: bytes, require_content: bool) -> dict[str, Any]:
         try:
             data = json.loads(body)
         except (ValueError, RecursionError):
             raise _BadBody("response body is not JSON (non-JSON or truncated)") from None
         try:
             message = data["choices"][0]["message"]
-            content = message["content"]
-        except (KeyError, IndexError, TypeError):
-            raise _BadBody("response JSON has no choices[0].message.content") from None
+            content = message.get("content")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise _BadBody("response JSON has no choices[0].message") from None
         if isinstance(content, list):
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        if not isinstance(content, str):
-            raise _BadBody(f"choices[0].message.content is {type(content).__name__}; expected a string")
-        return content
+        calls = message.get("tool_calls")
+        if not isinstance(content, str) and (require_content or not isinstance(calls, list) or not calls):
+            raise _BadBody(f"choices[0].message.content is {type(content).__name__}; expected a string"
+                           + ("" if require_content else " or tool_calls"))
+        return dict(message, content=content if isinstance(content, str) else None)
 
     async def respond(self, conversation: Sequence[Mapping[str, Any]], profile: Mapping[str, Any]) -> UserReply:
         """The simulated user's next turn. Raises ValueError/ProfileError for a bad conversation or
         profile (before any request) and :class:`SimulatorError` when the server fails."""
+        messages = self.build_messages(conversation, profile)
+        extra = {"response_format": {"type": "json_object"}} if self.config.json_mode else {}
+        message, attempts, latency = await self.chat(messages, extra=extra)
+        return self._reply(message["content"], attempts, latency)
+
+    async def complete(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, int]:
+        """Plain chat completion (``messages`` sent as given): the reply's text and the HTTP
+        attempts it took. Used by the judges and customers built on this client."""
+        message, attempts, _ = await self.chat(messages)
+        return message["content"], attempts
+
+    async def chat(self, messages: Sequence[Mapping[str, Any]], *, extra: Mapping[str, Any] | None = None,
+                   require_content: bool = True) -> tuple[dict[str, Any], int, float]:
+        """One chat-completions call with the retry policy of the module docstring: the reply's
+        ``choices[0].message`` (``content`` None when it holds only ``tool_calls`` and
+        ``require_content`` is False), the HTTP attempts and the wall time. ``extra`` adds request
+        fields (``tools``, ``response_format``, ...). Raises :class:`SimulatorError`."""
         c = self.config
         if self._http.is_closed:
-            raise RuntimeError("LLMUserClient.respond: the client is closed; expected an open client")
-        payload: dict[str, Any] = {"model": c.model, "messages": self.build_messages(conversation, profile),
-                                   "temperature": c.temperature, "stream": False}
+            raise RuntimeError("LLMUserClient: the client is closed; expected an open client")
+        payload: dict[str, Any] = {"model": c.model, "messages": list(messages), "temperature": c.temperature,
+                                   "stream": False}
         if c.max_tokens is not None:
             payload["max_tokens"] = c.max_tokens
-        if c.json_mode:
-            payload["response_format"] = {"type": "json_object"}
+        payload.update(extra or {})
         headers = {"Content-Type": "application/json"}
         if self._key is not None:
             headers["Authorization"] = f"Bearer {self._key.get()}"
@@ -632,11 +650,11 @@ class LLMUserClient:
                 status, body = response.status_code, response.content
                 if 200 <= status < 300:
                     try:
-                        raw = self._content(body)
+                        message = self._message(body, require_content)
                     except _BadBody as e:
                         excerpt, reason = self._excerpt(body), f"HTTP {status}: {e}"
                     else:
-                        return self._reply(raw, attempts, time.monotonic() - start)
+                        return message, attempts, time.monotonic() - start
                 elif status in _RETRYABLE_STATUS or 500 <= status < 600:
                     excerpt = self._excerpt(body)
                     reason = f"HTTP {status}: {excerpt!r}"

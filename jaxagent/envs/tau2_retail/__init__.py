@@ -1,0 +1,1 @@
+"""tau2-bench retail, native in jaxagent (see docs/TAU2_RETAIL.md)."""

@@ -1,0 +1,219 @@
+"""The tau2 retail episode as a jaxagent `Environment` (episode rules of tau2-bench at commit a2c0247).
+
+    env = Tau2RetailEnv(tasks, customer=scripted_customers())        # or llm_customers(client)
+    reset = await env.reset("0", seed=0)          # system prompt (policy) + the customer's opening; 16 tools
+    step = await env.step(AgentMessage("", (ToolCall("find_user_id_by_email", {"email": ...}),)))
+
+- **State.** A fresh, isolated database per episode (`scoring.initial_db`: ``db.json`` plus the
+  task's ``initial_state``); tools mutate it (`tools.execute`), never anything shared.
+- **Agent turns.** A message with tool calls runs them in order against the live database and
+  answers with one tool message per call (``Error: ...`` texts for failures, and for calls the
+  parser could not read); the customer sees nothing, so several tool calls between two customer
+  messages form one U2U segment. A message with text and no calls goes to the customer, whose
+  reply carries its private reaction label. A message with both is routed as tool calls (its text
+  stays in the transcript and counts for the communicate check, the customer never sees it). A
+  message with neither ends the episode as an agent error (tau2 aborts the run): reward 0.
+- **Endings** (``info["termination"]``): ``user_stop`` (the customer's ``###STOP###``,
+  ``###TRANSFER###`` or ``###OUT-OF-SCOPE###``), ``max_steps`` (each agent message, customer
+  message and batch of tool results is a step; checked after a step whose next recipient is not
+  the environment), ``too_many_errors`` (``max_errors`` tool messages with error=true),
+  ``agent_error``. Only ``user_stop`` is scored (`scoring.score`); the reward comes with the
+  final step and from `outcome_reward`, the whole report from `report`.
+- **Not modelled**: tau2's fixed assistant greeting opens the customer's side of the conversation
+  (the customer answers it) but is not put in the agent's token stream (environments here speak
+  as system, user or tool).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxagent.envs.base import AgentMessage, EnvMessage, Environment, Reset, Step
+from jaxagent.envs.tau2_retail import scoring
+from jaxagent.envs.tau2_retail.customer import (Customer, CustomerTurn, LLMCustomer, ScriptedCustomer)
+from jaxagent.envs.tau2_retail.db import db_hash, load_policy
+from jaxagent.envs.tau2_retail.tasks import Task
+from jaxagent.envs.tau2_retail.tools import WRITE_TOOLS, execute, tool_schemas
+
+AGENT_INSTRUCTION = """\
+You are a customer service agent that helps the user according to the <policy> provided below.
+In each turn you can either:
+- Send a message to the user.
+- Make a tool call.
+You cannot do both at the same time.
+
+Try to be helpful and always follow the policy. Always make sure you generate valid JSON only."""
+
+
+def system_prompt(policy: str) -> str:
+    """The agent's system prompt: the generic instruction block, then the policy text."""
+    return f"<instructions>\n{AGENT_INSTRUCTION}\n</instructions>\n<policy>\n{policy}\n</policy>"
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeLimits:
+    max_steps: int = 200
+    max_errors: int = 10
+
+    def __post_init__(self):
+        if self.max_steps < 1 or self.max_errors < 1:
+            raise ValueError(f"max_steps={self.max_steps}, max_errors={self.max_errors}: expected integers >= 1")
+
+
+def scripted_customers(**kwargs) -> Callable[[Task, Any], Customer]:
+    """A customer factory for `Tau2RetailEnv`: a `ScriptedCustomer` per episode."""
+    return lambda task, view: ScriptedCustomer(task, view, **kwargs)
+
+
+def llm_customers(client) -> Callable[[Task, Any], Customer]:
+    """A customer factory for `Tau2RetailEnv`: an `LLMCustomer` per episode over one shared client."""
+    return lambda task, view: LLMCustomer(client, task)
+
+
+class Tau2RetailEnv(Environment):
+    """One tau2 retail episode (see the module docstring). ``judge``: an `LLMUserClient` for the
+    NL assertions (required by ``scoring="tau2"`` for tasks that have assertions)."""
+
+    def __init__(self, tasks: Mapping[str, Task], *, customer: Callable[[Task, Any], Customer],
+                 data_dir: str | Path | None = None, scoring_mode: str = "offline", limits: EpisodeLimits = EpisodeLimits(),
+                 judge=None, policy: str | None = None):
+        if scoring_mode not in scoring.SCORING_MODES:
+            raise ValueError(f"scoring_mode={scoring_mode!r}: expected one of {', '.join(scoring.SCORING_MODES)}")
+        self.tasks, self.make_customer, self.data_dir = tasks, customer, data_dir
+        self.scoring_mode, self.limits, self.judge = scoring_mode, limits, judge
+        self.policy = policy if policy is not None else load_policy(data_dir)
+        self.task: Task | None = None
+        self.db: dict = {}
+        self.messages: list[dict[str, Any]] = []
+        self.calls: list[dict[str, Any]] = []  # every executed call: name, arguments, error, content
+        self.customer: Customer | None = None
+        self.steps = self.errors = 0
+        self.termination: str | None = None
+        self.result: scoring.Score | None = None
+        self.seed = 0
+        self._hash: tuple[int, str] | None = None
+
+    # -- the customer's view (EpisodeView)
+    def db_hash(self) -> str:
+        """The live database's hash, recomputed only after a successful write (reads and failed
+        writes change nothing)."""
+        writes = len(self.successful_writes())
+        if self._hash is None or self._hash[0] != writes:
+            self._hash = (writes, db_hash(self.db))
+        return self._hash[1]
+
+    def goal_db_reached(self) -> bool:
+        return self.db_hash() == scoring.target_hash(self.task, self.data_dir)
+
+    def successful_calls(self) -> list[tuple[str, Mapping[str, Any]]]:
+        return [(c["name"], c["arguments"]) for c in self.calls if not c["error"]]
+
+    def successful_writes(self) -> list[tuple[str, Mapping[str, Any]]]:
+        return [(n, a) for n, a in self.successful_calls() if n in WRITE_TOOLS]
+
+    def unexpected_writes(self) -> list[tuple[str, Mapping[str, Any]]]:
+        gold = [(a.name, dict(a.arguments)) for a in self.task.write_actions]
+        return [(n, a) for n, a in self.successful_writes() if (n, a) not in gold]
+
+    def pending_writes(self) -> list[Any]:
+        done = self.successful_writes()
+        return [a for a in self.task.write_actions if (a.name, dict(a.arguments)) not in done]
+
+    def assistant_texts(self) -> list[str]:
+        return [m["content"] for m in self.messages if m["role"] == "assistant" and m.get("content")]
+
+    # -- Environment
+    async def reset(self, task_id: str, seed: int) -> Reset:
+        if task_id not in self.tasks:
+            raise KeyError(f"task_id={task_id!r}: not among the {len(self.tasks)} tau2 retail tasks of this environment")
+        self.task, self.seed = self.tasks[task_id], seed
+        self.db = scoring.initial_db(self.task, self.data_dir)
+        self.messages, self.calls = [], []
+        self.steps = self.errors = 0
+        self.termination, self.result, self._hash = None, None, None
+        self.customer = self.make_customer(self.task, self)
+        first = await self.customer.opening()
+        self.steps += 1
+        self._record_customer(first)
+        return Reset((EnvMessage("system", system_prompt(self.policy)), EnvMessage("user", first.text, reaction=first.label)),
+                     tools=tool_schemas(), info={"task_id": task_id})
+
+    def _record_customer(self, turn: CustomerTurn) -> None:
+        self.messages.append({"role": "user", "content": turn.text, "reaction": turn.label})
+
+    async def step(self, message: AgentMessage) -> Step:
+        if self.task is None or self.termination is not None:
+            raise RuntimeError("Tau2RetailEnv.step: no episode in progress; expected reset() first")
+        self.steps += 1
+        calls = [{"name": c.name, "arguments": c.arguments} for c in message.tool_calls]
+        self.messages.append({"role": "assistant", "content": message.content or None, "tool_calls": calls})
+        if message.tool_calls or message.call_errors:
+            out = []
+            for i, call in enumerate(message.tool_calls):
+                res = execute(self.db, call.name, call.arguments)
+                self.calls.append({"name": call.name, "arguments": call.arguments, "error": res.error,
+                                   "content": res.content})
+                out.append(EnvMessage("tool", res.content, tool_call_id=f"call_{len(self.calls) - 1}", name=call.name))
+            for reason in message.call_errors:
+                out.append(EnvMessage("tool", f"Error: the tool call could not be parsed ({reason}); expected "
+                                              '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'))
+            for m in out:
+                self.messages.append({"role": "tool", "content": m.content, "name": m.name})
+            self.errors += sum(m.content.startswith("Error: ") for m in out)
+            self.steps += 1
+            if self.errors >= self.limits.max_errors:
+                return await self._end("too_many_errors", out)
+            if self.steps >= self.limits.max_steps:
+                return await self._end("max_steps", out)
+            return Step(tuple(out), info=self._info())
+        if not message.content.strip():
+            return await self._end("agent_error", ())
+        before = getattr(self.customer, "retries", 0)
+        turn = await self.customer.respond(message.content)
+        retries = getattr(self.customer, "retries", 0) - before
+        self.steps += 1
+        self._record_customer(turn)
+        reply = EnvMessage("user", turn.text, reaction=turn.label)
+        if turn.stop is not None:
+            return await self._end("user_stop", (reply,), stop=turn.stop, retries=retries)
+        if self.steps >= self.limits.max_steps:
+            return await self._end("max_steps", (reply,), retries=retries)
+        return Step((reply,), info=self._info(retries))
+
+    def _info(self, retries: int = 0) -> dict[str, Any]:
+        return {"tool_errors": self.errors, "steps": self.steps, "simulator_retries": retries}
+
+    async def _end(self, termination: str, messages: Sequence[EnvMessage], stop: str | None = None,
+                   retries: int = 0) -> Step:
+        self.termination = termination
+        nl, details = None, {"stop_token": stop, "steps": self.steps, "tool_errors": self.errors}
+        if self.scoring_mode == "tau2" and "NL_ASSERTION" in self.task.reward_basis and self.task.nl_assertions:
+            if self.judge is None:
+                raise ValueError("scoring_mode='tau2' with NL assertions: expected a judge client (env.tau2.judge)")
+            nl, judged = await scoring.judge_nl(self.judge, self.task, self.messages)
+            details["judge"] = judged
+        self.result = scoring.score(self.task, final_db=self.db, messages=self.messages, termination=termination,
+                                    mode=self.scoring_mode, nl=nl, data_dir=self.data_dir, details=details)
+        return Step(tuple(messages), reward=self.result.reward, done=True,
+                    info=dict(self._info(retries), termination=termination))
+
+    def outcome_reward(self) -> float:
+        return self.result.reward if self.result is not None else 0.0
+
+    def report(self) -> dict[str, Any]:
+        """The episode's record for the harness: task, seed, termination, score and transcript."""
+        return {"task_id": self.task.id if self.task else None, "seed": self.seed,
+                "termination": self.termination or "unfinished",
+                "score": self.result.to_dict() if self.result else None,
+                "db_hash": self.db_hash() if self.db else None, "messages": self.messages}
+
+    async def aclose(self) -> None:
+        if self.customer is not None:
+            await self.customer.aclose()
+
+
+__all__ = ["AGENT_INSTRUCTION", "EpisodeLimits", "Tau2RetailEnv", "llm_customers", "scripted_customers",
+           "system_prompt"]

@@ -1,0 +1,190 @@
+"""tau2-bench retail tasks: parsed, validated and rendered (behaviour of tau2-bench at commit a2c0247).
+
+A task carries the customer's scenario (``user_scenario.instructions``: reason for call, known and
+unknown info, task instructions), the gold actions the evaluator replays, the strings the agent
+must communicate, the natural-language assertions for an LLM judge, and the reward basis (which
+components gate the reward). `load_task_set` reads ``tasks_train.json`` from the data directory
+(default: the packaged copy) and checks every field it uses; a malformed file fails with an error
+that names the task, the field, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxagent.envs.tau2_retail.db import DEFAULT_DATA_DIR
+
+REWARD_COMPONENTS = ("DB", "NL_ASSERTION", "COMMUNICATE", "ACTION", "ENV_ASSERTION")
+INSTRUCTION_FIELDS = ("domain", "reason_for_call", "known_info", "unknown_info", "task_instructions")
+TASK_FILES = {"train": "tasks_train.json"}
+
+
+class TaskError(ValueError):
+    """A task file or task that does not have the expected shape."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """A gold action: tool ``name`` with ``arguments``; ``compare_args`` as tau2's action check
+    uses it (None: the keys of the agent's call; ``()``: the name alone)."""
+
+    action_id: str
+    name: str
+    arguments: Mapping[str, Any]
+    compare_args: tuple[str, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    id: str
+    instructions: Mapping[str, str | None]
+    persona: str | None
+    actions: tuple[Action, ...]
+    communicate_info: tuple[str, ...]
+    nl_assertions: tuple[str, ...]
+    reward_basis: tuple[str, ...]
+    initial_state: Mapping[str, Any] | None = None
+
+    @property
+    def write_actions(self) -> tuple[Action, ...]:
+        from jaxagent.envs.tau2_retail.tools import WRITE_TOOLS
+
+        return tuple(a for a in self.actions if a.name in WRITE_TOOLS)
+
+
+def _where(i: int, tid: Any, field: str) -> str:
+    return f"task[{i}] (id={tid!r}).{field}"
+
+
+def _str_list(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise TaskError(f"{where}={value!r}: expected a list of strings or null")
+    return tuple(value)
+
+
+def parse_task(raw: Mapping[str, Any], i: int = 0) -> Task:
+    """One task dict of ``tasks_*.json`` -> `Task` (raises `TaskError` naming the bad field)."""
+    if not isinstance(raw, Mapping):
+        raise TaskError(f"task[{i}]={type(raw).__name__}: expected a JSON object")
+    tid = raw.get("id")
+    if not isinstance(tid, str) or not tid:
+        raise TaskError(f"task[{i}].id={tid!r}: expected a non-empty string")
+    scen = raw.get("user_scenario")
+    if not isinstance(scen, Mapping) or not isinstance(scen.get("instructions"), Mapping):
+        raise TaskError(f"{_where(i, tid, 'user_scenario.instructions')}: expected an object with "
+                        f"{', '.join(INSTRUCTION_FIELDS)}")
+    ins = scen["instructions"]
+    for f in INSTRUCTION_FIELDS:
+        v = ins.get(f)
+        required = f in ("domain", "reason_for_call", "task_instructions")
+        if (v is None and required) or (v is not None and not isinstance(v, str)):
+            raise TaskError(f"{_where(i, tid, 'user_scenario.instructions.' + f)}={v!r}: expected a string"
+                            + ("" if required else " or null"))
+    crit = raw.get("evaluation_criteria")
+    if not isinstance(crit, Mapping):
+        raise TaskError(f"{_where(i, tid, 'evaluation_criteria')}={crit!r}: expected an object")
+    actions = []
+    for j, a in enumerate(crit.get("actions") or ()):
+        w = _where(i, tid, f"evaluation_criteria.actions[{j}]")
+        if not isinstance(a, Mapping) or not isinstance(a.get("name"), str):
+            raise TaskError(f"{w}={a!r}: expected an object with a string 'name'")
+        args = a.get("arguments", {})
+        if not isinstance(args, Mapping):
+            raise TaskError(f"{w}.arguments={args!r}: expected an object")
+        cmp = a.get("compare_args")
+        actions.append(Action(str(a.get("action_id", f"{tid}_{j}")), a["name"], dict(args),
+                              None if cmp is None else _str_list(cmp, w + ".compare_args")))
+    basis = _str_list(crit.get("reward_basis") or ["DB", "COMMUNICATE"], _where(i, tid, "evaluation_criteria.reward_basis"))
+    bad = [b for b in basis if b not in REWARD_COMPONENTS]
+    if bad:
+        raise TaskError(f"{_where(i, tid, 'evaluation_criteria.reward_basis')}={list(basis)!r}: expected names "
+                        f"among {', '.join(REWARD_COMPONENTS)}")
+    init = raw.get("initial_state")
+    if init is not None and not isinstance(init, Mapping):
+        raise TaskError(f"{_where(i, tid, 'initial_state')}={init!r}: expected an object or null")
+    persona = scen.get("persona")
+    return Task(id=tid, instructions={f: ins.get(f) for f in INSTRUCTION_FIELDS},
+                persona=persona if isinstance(persona, str) else None, actions=tuple(actions),
+                communicate_info=_str_list(crit.get("communicate_info"),
+                                           _where(i, tid, "evaluation_criteria.communicate_info")),
+                nl_assertions=_str_list(crit.get("nl_assertions"), _where(i, tid, "evaluation_criteria.nl_assertions")),
+                reward_basis=basis, initial_state=init)
+
+
+_CACHE: dict[tuple[str, str], dict[str, Task]] = {}
+
+
+def load_task_set(data_dir: str | Path | None = None, split: str = "train") -> dict[str, Task]:
+    """``{task id: Task}`` in file order for ``split`` (only ``train`` ships with the package)."""
+    if split not in TASK_FILES:
+        raise TaskError(f"split={split!r}: expected one of {', '.join(TASK_FILES)}")
+    path = Path(data_dir or DEFAULT_DATA_DIR) / TASK_FILES[split]
+    key = (str(path.resolve()), split)
+    if key not in _CACHE:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no tau2 retail task file (env.tau2.data_dir={str(data_dir)!r}; "
+                                    f"expected a directory holding {TASK_FILES[split]})")
+        raw = json.loads(path.read_text())
+        if not isinstance(raw, list):
+            raise TaskError(f"{path}: top level is {type(raw).__name__}; expected a list of tasks")
+        tasks = [parse_task(t, i) for i, t in enumerate(raw)]
+        ids = [t.id for t in tasks]
+        dup = sorted({x for x in ids if ids.count(x) > 1})
+        if dup:
+            raise TaskError(f"{path}: task ids {dup} occur more than once; expected unique ids")
+        _CACHE[key] = {t.id: t for t in tasks}
+    return dict(_CACHE[key])
+
+
+def select_tasks(tasks: Mapping[str, Task], spec: str | Sequence[str] | None) -> list[str]:
+    """Task ids from ``spec``: None/"all" (every task, file order), ``"a:b"`` (a slice of the file
+    order), or ids separated by commas (or a list). Unknown ids are an error naming them."""
+    ids = list(tasks)
+    if spec is None or spec == "all":
+        return ids
+    if isinstance(spec, str) and ":" in spec:
+        a, _, b = spec.partition(":")
+        try:
+            return ids[int(a) if a else None: int(b) if b else None]
+        except ValueError:
+            raise TaskError(f"tasks={spec!r}: expected 'all', a slice 'start:stop' or task ids") from None
+    want = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else [str(s) for s in spec]
+    unknown = [t for t in want if t not in tasks]
+    if unknown:
+        raise TaskError(f"tasks={spec!r}: unknown task ids {unknown}; expected ids among {ids[:5]}... "
+                        f"({len(ids)} tasks)")
+    return want
+
+
+def render_instructions(task: Task) -> str:
+    """The instruction block of the customer's scenario, as tau2 renders it (each label on its own
+    line, its text on the next, indented by one tab)."""
+    ins = task.instructions
+    lines = [f"Domain: {ins['domain']}"]
+    for label, f in (("Reason for call", "reason_for_call"), ("Known info", "known_info"),
+                     ("Unknown info", "unknown_info"), ("Task instructions", "task_instructions")):
+        if ins.get(f) is not None:
+            lines.append(f"{label}:")
+            lines.extend("\t" + s for s in str(ins[f]).splitlines() or [""])
+    return "\n".join(lines)
+
+
+def render_scenario(task: Task) -> str:
+    """``<scenario>`` block of the customer's system prompt: optional persona, then the instructions
+    indented by one tab."""
+    parts = []
+    if task.persona:
+        parts += ["Persona:", "\t" + task.persona]
+    parts.append("Instructions:")
+    parts += ["\t" + s for s in render_instructions(task).splitlines()]
+    return "<scenario>\n" + "\n".join(parts) + "\n</scenario>"
+
+
+__all__ = ["Action", "INSTRUCTION_FIELDS", "REWARD_COMPONENTS", "TASK_FILES", "Task", "TaskError", "load_task_set",
+           "parse_task", "render_instructions", "render_scenario", "select_tasks"]
