@@ -75,8 +75,33 @@ class ModelSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class Tau2Section:
+    data_dir: str | None = _help(None, "tau2 retail data (db.json, policy.md, tasks_*.json); null: the packaged copy")
+    split: Literal["train"] = "train"
+    tasks: str = _help("all", "task selection: all, a slice start:stop of the file order, or ids a,b,c")
+    customer: Literal["scripted", "llm"] = _help("scripted", "the deterministic scripted customer, or an LLM one")
+    customer_llm: LLMUserConfig | None = _help(None, "customer=llm: the OpenAI-compatible endpoint playing it")
+    scoring: Literal["offline", "tau2"] = _help(
+        "offline", "offline: DB x COMMUNICATE (classic tau-bench, no model call); tau2: each task's reward basis, "
+                   "NL assertions by env.tau2.judge")
+    judge: LLMUserConfig | None = _help(None, "scoring=tau2: the OpenAI-compatible NL-assertion judge")
+    max_steps: int = _help(200, "steps (agent messages, customer messages, tool-result batches) per episode")
+    max_errors: int = _help(10, "error tool messages that end an episode")
+
+    def validate(self) -> None:
+        if self.customer == "llm" and self.customer_llm is None:
+            raise ValueError("customer='llm': expected env.tau2.customer_llm (base_url, model, ...)")
+        if self.max_steps < 1 or self.max_errors < 1:
+            raise ValueError(f"max_steps={self.max_steps}, max_errors={self.max_errors}: expected integers >= 1")
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise ValueError(f"data_dir={self.data_dir!r}: not a directory; expected one holding db.json, policy.md "
+                             "and tasks_train.json (or null for the packaged copy)")
+
+
+@dataclasses.dataclass(frozen=True)
 class EnvSection:
-    kind: Literal["gym", "llm_user"] = _help("gym", "scripted gym, or an LLM user over HTTP")
+    kind: Literal["gym", "llm_user", "tau2_retail"] = _help(
+        "gym", "scripted gym, an LLM user over HTTP, or tau2-bench retail (env=tau2_retail)")
     gym: Literal["intention", "telepathy", "function", "preference"] = "intention"
     max_steps: int | None = _help(None, "gym steps before the user gives up (null: the gym's default)")
     train_tasks: int = 512
@@ -84,6 +109,7 @@ class EnvSection:
     task_seed: int = 0
     llm_user: LLMUserConfig | None = None
     user_tasks: str | None = _help(None, "llm_user: a JSON file {task_id: {profile, opening}}")
+    tau2: Tau2Section = _field(default_factory=Tau2Section)
 
     def validate(self) -> None:
         if self.kind == "llm_user" and (self.llm_user is None or self.user_tasks is None):
@@ -146,8 +172,17 @@ class EvalSection:
     tasks: int = _help(32, "held-out (test split) tasks")
     temperature: float = _help(0.0, "0: greedy")
     every: int = _help(4, "RL iterations between evaluations (0: only before and after)")
+    agent: Literal["policy", "oracle", "endpoint"] = _help(
+        "policy", "job=eval: the model (policy), the gold-action oracle (tau2_retail), or an OpenAI-compatible "
+                  "endpoint (eval.endpoint; tau2_retail)")
+    endpoint: LLMUserConfig | None = _help(None, "agent=endpoint: the OpenAI-compatible server of the agent")
+    concurrency: int = _help(8, "agent=oracle/endpoint: episodes played at once")
 
     def validate(self) -> None:
+        if self.agent == "endpoint" and self.endpoint is None:
+            raise ValueError("agent='endpoint': expected eval.endpoint (base_url, model, ...)")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency={self.concurrency}: expected an integer >= 1")
         if self.k < 1 or self.tasks < 1 or self.every < 0:
             raise ValueError(f"k={self.k}, tasks={self.tasks}, every={self.every}: expected k, tasks >= 1, every >= 0")
 
@@ -196,9 +231,15 @@ class RunConfig:
             raise ValueError(f"steps={self.steps}: expected >= 0")
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ValueError(f"name={self.name!r}: expected a directory name (no '/')")
-        if self.env.kind == "llm_user" and self.job in ("sft", "sft+rl"):
+        if self.env.kind in ("llm_user", "tau2_retail") and self.job in ("sft", "sft+rl"):
             raise ValueError(f"job={self.job!r}: SFT demonstrations come from the scripted gyms; "
-                             "with env.kind='llm_user' use job rl or eval")
+                             f"with env.kind={self.env.kind!r} use job rl or eval")
+        if self.eval.agent != "policy" and (self.job != "eval" or self.env.kind != "tau2_retail"):
+            raise ValueError(f"eval.agent={self.eval.agent!r}: host agents play job=eval on env.kind='tau2_retail' "
+                             f"(got job={self.job!r}, env.kind={self.env.kind!r}); expected eval.agent='policy'")
+        if self.env.kind == "tau2_retail" and self.eval.agent == "policy" and self.tokenizer == BUILTIN_TOKENIZER:
+            raise ValueError("tokenizer='builtin:gyms': the gyms' closed vocabulary cannot spell tau2 retail text; "
+                             "expected a tokenizer directory (e.g. the checkpoint's, as model.path)")
 
 
 def load_config(path: str | Path | None = None, overrides=()) -> RunConfig:
@@ -208,4 +249,4 @@ def load_config(path: str | Path | None = None, overrides=()) -> RunConfig:
 
 
 __all__ = ["BUILTIN_TOKENIZER", "GYM_NAMES", "JOBS", "CheckpointSection", "EnvSection", "EvalSection",
-           "ModelSection", "RolloutSection", "RunConfig", "SFTSection", "load_config"]
+           "ModelSection", "RolloutSection", "RunConfig", "SFTSection", "Tau2Section", "load_config"]

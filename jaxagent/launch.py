@@ -9,11 +9,14 @@ tasks before and after, everything written to ``runs/quickstart/``.
     python -m jaxagent.launch --config configs/faca_telepathy.yaml steps=50
     python -m jaxagent.launch --config configs/infopo_7b.yaml --dry-run
     python -m jaxagent.launch resume=true                       # continue runs/quickstart/
+    python -m jaxagent.launch job=eval env=tau2_retail agent=oracle   # tau2 retail, the gold-action oracle
     python -m jaxagent.launch --help                            # jobs, config files, every key
 
 Jobs (``job=``): ``sft`` (masked cross-entropy on the gym's expert demonstrations), ``rl``
 (rollouts -> credit (``rl.credit``: grpo, infopo, faca, infopo+faca) -> PPO), ``sft+rl`` (the
-default), ``eval`` (avg@k on held-out tasks). ``python -m jaxagent.tour`` is a tour of the model
+default), ``eval`` (avg@k on held-out tasks; on tau2 retail also with ``agent=oracle`` or
+``agent=endpoint``, an OpenAI-compatible server). Short forms: ``env=K`` is ``env.kind=K``,
+``agent=A`` is ``eval.agent=A``. ``python -m jaxagent.tour`` is a tour of the model
 stack alone (HF round trip, scoring, KV-cache generation).
 """
 
@@ -37,7 +40,8 @@ def _config_files() -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    epilog = ("jobs: " + ", ".join(JOBS) + "\nconfig files: " + (", ".join(_config_files()) or "(none found)")
+    epilog = ("jobs: " + ", ".join(JOBS) + "\nshort forms: env=K (env.kind=K), agent=A (eval.agent=A)"
+              + "\nconfig files: " + (", ".join(_config_files()) or "(none found)")
               + "\n\nkeys (key=value overrides; types and defaults):\n" + configlib.describe(RunConfig))
     ap = argparse.ArgumentParser(prog="python -m jaxagent.launch", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)
@@ -101,11 +105,21 @@ def dry_run(cfg: RunConfig) -> dict:
             "param_bytes_per_device": per_device, "shapes_from": shapes_from, "credit": cfg.rl.credit}
 
 
+#: Short forms: ``env=tau2_retail`` is ``env.kind=tau2_retail``, ``agent=oracle`` is ``eval.agent=oracle``.
+ALIASES = {"env": "env.kind", "agent": "eval.agent"}
+
+
+def expand_alias(override: str) -> str:
+    key, _, value = override.partition("=")
+    return f"{ALIASES[key]}={value}" if key in ALIASES else override
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         raise SystemExit(f"argument {bad[0]!r}: expected key=value (see --help for the keys)")
+    args.overrides = [expand_alias(o) for o in args.overrides]
     try:
         cfg = load_config(args.config, args.overrides)
     except configlib.ConfigError as e:

@@ -89,6 +89,13 @@ def build_model(cfg: RunConfig, tok: Tokenizer, rules: LogicalRules) -> tuple[Qw
 def build_env(cfg: RunConfig) -> tuple[Callable[[], Environment], list[str], list[str]]:
     """(environment factory, train task ids, test task ids)."""
     e = cfg.env
+    if e.kind == "tau2_retail":
+        from jaxagent.envs.tau2_retail.harness import EnvFactory
+
+        factory = EnvFactory(e.tau2)
+        factory.record = False  # run_eval records its own episodes
+        ids = factory.task_ids
+        return factory, ids[: e.train_tasks], ids[: e.test_tasks]
     if e.kind == "gym":
         from jaxagent.envs.gyms import GYMS
 
@@ -286,10 +293,24 @@ def run_eval(run: Run, params, label: str, step: int) -> dict[str, Any]:
     cfg = run.cfg
     tasks = run.test_tasks[: cfg.eval.tasks]
     t0 = time.perf_counter()
-    m, _ = evaluate(params, run.engine, run.make_env, run.tok, tasks, k=cfg.eval.k,
-                    sampling=sampling_params(cfg, run.tok, temperature=cfg.eval.temperature),
-                    key=step_key(cfg.seed, "eval", step), episode=episode_config(cfg),
-                    success_threshold=cfg.rl.success_threshold)
+    recorder = getattr(run.make_env, "drain", None)  # tau2 retail: per-episode reports
+    if recorder is not None:
+        run.make_env.record = True
+    try:
+        m, _ = evaluate(params, run.engine, run.make_env, run.tok, tasks, k=cfg.eval.k,
+                        sampling=sampling_params(cfg, run.tok, temperature=cfg.eval.temperature),
+                        key=step_key(cfg.seed, "eval", step), episode=episode_config(cfg),
+                        success_threshold=cfg.rl.success_threshold)
+    finally:
+        if recorder is not None:
+            run.make_env.record = False
+    if recorder is not None:
+        from jaxagent.envs.tau2_retail.harness import summarize, write_reports
+
+        reports = recorder()
+        write_reports(run.run_dir / f"episodes_{label}_{step}.jsonl", reports)
+        t2 = summarize(reports, scoring_mode=cfg.env.tau2.scoring, k=cfg.eval.k)
+        m.update({f"tau2/{k}": v for k, v in t2.items() if k in ("db", "communicate", "pass_at_k", "scoring_mode")})
     m["wall_s"] = time.perf_counter() - t0
     run.log.log("eval", step, dict(m, label=label), show=("success", "reward", "turns", "label"))
     return m
@@ -412,6 +433,10 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
 
 def run_job(cfg: RunConfig) -> dict[str, Any]:
     """Runs ``cfg.job`` and returns (and writes) the summary."""
+    if cfg.job == "eval" and cfg.eval.agent != "policy":  # tau2 retail: the oracle or an HTTP endpoint
+        from jaxagent.envs.tau2_retail.harness import run_host_eval
+
+        return run_host_eval(cfg)
     t0 = time.perf_counter()
     run = prepare(cfg)
     before = _previous_eval(run, "before") if cfg.resume else None
@@ -429,7 +454,7 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
         _export(run, params)
     summary = {
         "name": cfg.name, "job": cfg.job, "credit": cfg.rl.credit if cfg.job in ("rl", "sft+rl") else None,
-        "gym": cfg.env.gym if cfg.env.kind == "gym" else None, "model_params": param_count(params),
+        "gym": cfg.env.gym if cfg.env.kind == "gym" else None, "env": cfg.env.kind, "model_params": param_count(params),
         "success_before": before["success"], "success_after": after["success"],
         "reward_before": before["reward"], "reward_after": after["reward"],
         "turns_before": before["turns"], "turns_after": after["turns"],

@@ -1,0 +1,172 @@
+"""The tau2 retail evaluation harness: environments from config, host agents, per-task results.
+
+    python -m jaxagent.launch job=eval env=tau2_retail agent=oracle                 # the gold-action oracle
+    python -m jaxagent.launch job=eval env=tau2_retail agent=endpoint \\
+        eval.endpoint.base_url=http://127.0.0.1:8000/v1 eval.endpoint.model=Qwen/Qwen2.5-7B-Instruct eval.k=4
+    python -m jaxagent.launch job=eval env=tau2_retail model.path=ckpt tokenizer=ckpt     # a local checkpoint
+
+`EnvFactory` builds one `Tau2RetailEnv` per episode from the ``env.tau2`` section (customer,
+scoring mode, judge, limits) and keeps them, so that after a run `EnvFactory.drain` gives every
+episode's report (task, seed, termination, score components, transcript). A local model plays
+through the rollout loop like any environment (`jaxagent.train.jobs`); host agents (``oracle``,
+``endpoint``) play here (`evaluate_host`), ``eval.concurrency`` episodes at once.
+
+`summarize` turns reports into avg@k figures: ``reward`` (mean episode reward), ``success``
+(share with reward 1), ``pass_at_k`` (tasks solved by at least one of the k runs), the DB and
+COMMUNICATE component means, terminations, and the scoring mode, which every summary carries
+(``offline`` = DB x COMMUNICATE, not comparable with tau2's leaderboard).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxagent.envs.tau2_retail.env import EpisodeLimits, Tau2RetailEnv, llm_customers, scripted_customers
+from jaxagent.envs.tau2_retail.tasks import load_task_set, select_tasks
+
+SCORING_NOTE = {"offline": "offline: DB x COMMUNICATE (classic tau-bench scoring; not tau2's DB x NL_ASSERTION)",
+                "tau2": "tau2: each task's reward basis, NL assertions by an LLM judge"}
+
+
+class EnvFactory:
+    """Builds a `Tau2RetailEnv` per call from an ``env.tau2`` section (`jaxagent.config.Tau2Section`)
+    and remembers it (`drain`). HTTP clients (customer, judge) are made once and shared."""
+
+    def __init__(self, section):
+        from jaxagent.envs.llm_user import LLMUserClient
+        from jaxagent.envs.tau2_retail.customer import customer_config
+
+        self.section = section
+        self.tasks = load_task_set(section.data_dir, section.split)
+        self.task_ids = select_tasks(self.tasks, section.tasks)
+        self.customer_client = (LLMUserClient(customer_config(section.customer_llm))
+                                if section.customer == "llm" else None)
+        self.judge = LLMUserClient(section.judge) if section.scoring == "tau2" and section.judge else None
+        if section.scoring == "tau2" and self.judge is None and any(
+                self.tasks[t].nl_assertions and "NL_ASSERTION" in self.tasks[t].reward_basis for t in self.task_ids):
+            raise ValueError("env.tau2.scoring='tau2': the selected tasks have NL assertions; expected env.tau2.judge "
+                             "(an OpenAI-compatible endpoint) or env.tau2.scoring='offline'")
+        self.customers = (llm_customers(self.customer_client) if self.customer_client is not None
+                          else scripted_customers())
+        self.limits = EpisodeLimits(section.max_steps, section.max_errors)
+        self.envs: list[Tau2RetailEnv] = []
+        self.record = True  # False: environments are not kept (RL rollouts: nothing to report)
+
+    def __call__(self) -> Tau2RetailEnv:
+        env = Tau2RetailEnv(self.tasks, customer=self.customers, data_dir=self.section.data_dir,
+                            scoring_mode=self.section.scoring, limits=self.limits, judge=self.judge)
+        if self.record:
+            self.envs.append(env)
+        return env
+
+    def drain(self) -> list[dict[str, Any]]:
+        """The reports of the episodes played since the last drain (started ones only)."""
+        out = [e.report() for e in self.envs if e.task is not None]
+        self.envs = []
+        return out
+
+    async def aclose(self) -> None:
+        for c in (self.customer_client, self.judge):
+            if c is not None:
+                await c.aclose()
+
+
+def summarize(reports: Sequence[Mapping[str, Any]], *, scoring_mode: str, k: int) -> dict[str, Any]:
+    """avg@k figures over episode reports (see the module docstring)."""
+    if not reports:
+        raise ValueError("reports: empty; expected at least one episode")
+
+    def comp(r, name):
+        s = r.get("score") or {}
+        return float((s.get("components") or {}).get(name, 0.0))
+
+    rewards = [float((r.get("score") or {}).get("reward", 0.0)) for r in reports]
+    by_task: dict[str, list[float]] = collections.defaultdict(list)
+    for r, x in zip(reports, rewards):
+        by_task[str(r["task_id"])].append(x)
+    n = len(reports)
+    return {"episodes": n, "tasks": len(by_task), "k": k, "scoring_mode": scoring_mode,
+            "scoring_note": SCORING_NOTE[scoring_mode],
+            "reward": sum(rewards) / n, "success": sum(x >= 1.0 for x in rewards) / n,
+            "pass_at_k": sum(any(x >= 1.0 for x in v) for v in by_task.values()) / len(by_task),
+            "db": sum(comp(r, "DB") for r in reports) / n,
+            "communicate": sum(comp(r, "COMMUNICATE") for r in reports) / n,
+            "terminations": dict(collections.Counter(r.get("termination", "unknown") for r in reports)),
+            "success_by_task": {t: sum(x >= 1.0 for x in v) / len(v) for t, v in by_task.items()}}
+
+
+def write_reports(path: Path, reports: Sequence[Mapping[str, Any]]) -> None:
+    """One JSON line per episode (transcripts included)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for r in reports:
+            f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
+
+
+async def evaluate_host(factory: EnvFactory, make_agent, *, k: int, concurrency: int,
+                        max_turns: int = 200) -> list[dict[str, Any]]:
+    """Every selected task ``k`` times (seeds 0..k-1) with a fresh agent from ``make_agent()``;
+    episodes whose simulator or agent endpoint fails after its retries are reported as
+    ``simulator_failure`` (reward 0) and the rest go on."""
+    from jaxagent.envs.tau2_retail.agents import play
+
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(tid: str, seed: int) -> dict[str, Any]:
+        async with sem:
+            env, agent = factory(), make_agent()
+            try:
+                return await play(env, agent, tid, seed, max_turns=max_turns)
+            except Exception as e:  # noqa: BLE001 - counted, the evaluation goes on
+                return dict(env.report(), task_id=tid, seed=seed, termination="simulator_failure",
+                            score={"reward": 0.0, "components": {}, "scoring_mode": factory.section.scoring},
+                            error=f"{type(e).__name__}: {e}"[:500])
+            finally:
+                await agent.aclose()
+
+    return list(await asyncio.gather(*(one(t, s) for t in factory.task_ids for s in range(k))))
+
+
+def run_host_eval(cfg) -> dict[str, Any]:
+    """``job=eval`` with ``eval.agent`` oracle or endpoint on tau2 retail: writes
+    ``runs/<name>/{config.yaml, episodes.jsonl, summary.json}`` and returns the summary."""
+    from jaxagent import configlib
+    from jaxagent.envs.llm_user import LLMUserClient
+    from jaxagent.envs.tau2_retail.agents import EndpointAgent, OracleAgent
+
+    t0 = time.perf_counter()
+    run_dir = Path(cfg.runs_dir) / cfg.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(configlib.dump_yaml(cfg))
+
+    async def main():
+        factory = EnvFactory(cfg.env.tau2)
+        client = LLMUserClient(cfg.eval.endpoint) if cfg.eval.agent == "endpoint" else None
+        make_agent = (lambda: EndpointAgent(client)) if client is not None else OracleAgent
+        try:
+            return await evaluate_host(factory, make_agent, k=cfg.eval.k, concurrency=cfg.eval.concurrency,
+                                       max_turns=cfg.env.tau2.max_steps)
+        finally:
+            await factory.aclose()
+            if client is not None:
+                await client.aclose()
+
+    reports = asyncio.run(main())
+    write_reports(run_dir / "episodes.jsonl", reports)
+    summary = {"name": cfg.name, "job": "eval", "env": "tau2_retail", "agent": cfg.eval.agent,
+               "customer": cfg.env.tau2.customer,
+               **summarize(reports, scoring_mode=cfg.env.tau2.scoring, k=cfg.eval.k),
+               "wall_seconds": time.perf_counter() - t0}
+    summary["success_before"] = summary["success_after"] = summary["success"]
+    summary["steps"], summary["credit"] = 0, None
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+__all__ = ["EnvFactory", "SCORING_NOTE", "evaluate_host", "run_host_eval", "summarize", "write_reports"]

@@ -1,0 +1,141 @@
+"""tau2 retail end to end with a model: a tiny random Qwen policy plays the scripted customer through
+the rollout loop (token-in/token-out), the trajectories' spans and reaction labels go through the
+collator and one InfoPO+Faca RL iteration; and the launch path (job=eval with the oracle, the
+aliases, the config checks, the training config's dry run)."""
+
+import asyncio
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from jaxagent import configlib
+from jaxagent.config import Tau2Section, load_config
+from jaxagent.credit.losses import PPOConfig
+from jaxagent.credit.reaction import DEFAULT_POLARITY
+from jaxagent.envs.tau2_retail.harness import EnvFactory, summarize
+from jaxagent.launch import expand_alias, main
+from jaxagent.models import init_params, preset
+from jaxagent.models.generate import SamplingParams
+from jaxagent.rollout import collate
+from jaxagent.rollout.engine import GenerationEngine
+from jaxagent.rollout.loop import EpisodeConfig, run_episodes
+from jaxagent.text import load_tokenizer
+from jaxagent.train.rl import RLSettings, RLTrainer
+from jaxagent.train.step import OptimSettings, TrainState, make_optimizer
+from tests.conftest import FIXTURES
+
+TOK = load_tokenizer(FIXTURES / "tokenizer_qwen")
+CAP = 4608  # the policy prompt is ~3.7k tokens with this tokenizer (tool schemas not rendered)
+CFG = preset("tiny-qwen2", vocab_size=TOK.vocab_size, max_position_embeddings=CAP)
+EPISODE = EpisodeConfig(max_turns=4, max_tokens=CAP, tool_schemas_in_prompt=False)
+
+
+def _engine(params):
+    return GenerationEngine(params, CFG, slots=4, capacity=CAP, park_rows=4, decode_steps=4)
+
+
+def test_tiny_model_episodes_are_well_formed_and_collate():
+    factory = EnvFactory(Tau2Section(tasks="0,1"))
+    params = init_params(jax.random.key(0), CFG)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=16, stop_tokens=tuple(TOK.eos_token_ids))
+    trajs = asyncio.run(run_episodes(_engine(params), factory, TOK, factory.task_ids, group_size=2,
+                                     sampling=sampling, key=jax.random.key(1), config=EPISODE))
+    reports = factory.drain()
+    assert len(trajs) == 4 and len(reports) == 4
+    labelled = 0
+    for t in trajs:
+        roles = [s.role for s in t.spans]
+        assert roles[:2] == ["system", "user"]
+        n_gen = roles.count("assistant")
+        assert len(t.action_spans()) == n_gen == len(t.turn_rewards) >= 1
+        for i, label in enumerate(t.reaction_labels):
+            if label is not None:
+                labelled += 1
+                assert roles[i] == "user" and label in DEFAULT_POLARITY
+        assert t.termination in ("done", "max_turns", "max_tokens")
+        assert np.isfinite(t.outcome_reward) and t.outcome_reward in (0.0, 1.0)
+    assert labelled >= 1  # the customer answered at least one agent message, with its label
+    for r in reports:
+        assert r["task_id"] in ("0", "1") and r["messages"][0]["role"] == "user"
+    batch, old_lp = collate(trajs, multiple=256)
+    batch.check()
+    assert old_lp.shape == batch.shape and batch.shape[0] == 4
+    # the customer's labels reach the segment polarities (every scripted label has a polarity of +-1)
+    assert np.abs(np.asarray(batch.segment_polarity_BQ)).sum() >= 1
+    # every agent segment (between two customer messages) is a union of action turns
+    for t in trajs:
+        for turns, label in t.segments():
+            assert turns and all(0 <= i < len(t.action_spans()) for i in turns)
+
+
+def test_rl_iteration_infopo_faca_on_tau2():
+    factory = EnvFactory(Tau2Section(tasks="0,2"))
+    factory.record = False
+    params = init_params(jax.random.key(0), CFG)
+    tx = make_optimizer(OptimSettings(lr=1e-3))
+    settings = RLSettings(credit="infopo+faca", group_size=2, tasks_per_step=2, ppo_epochs=1, minibatch_size=4,
+                          length_multiple=512)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12, stop_tokens=tuple(TOK.eos_token_ids))
+    trainer = RLTrainer(TrainState.create(params, tx), tx, config=CFG, tokenizer=TOK, make_env=factory,
+                        settings=settings, ppo=PPOConfig(kl_coef=0.01, entropy_coef=0.001), sampling=sampling,
+                        episode=EpisodeConfig(max_turns=3, max_tokens=CAP, tool_schemas_in_prompt=False),
+                        engine=_engine(params))
+    metrics, trajs = trainer.iteration(factory.task_ids, jax.random.key(2))
+    assert len(trajs) == 4 and metrics["updates"] + metrics["skipped_updates"] == 1
+    for k, v in metrics.items():
+        if isinstance(v, float):
+            assert np.isfinite(v), k
+    assert "info/gain_mean" in metrics and any(k.startswith("faca/") for k in metrics)
+    assert factory.envs == []  # not recording during RL
+
+
+def test_summarize_hand_computed():
+    reps = [{"task_id": "a", "termination": "user_stop", "score": {"reward": 1.0, "components": {"DB": 1.0, "COMMUNICATE": 1.0}}},
+            {"task_id": "a", "termination": "user_stop", "score": {"reward": 0.0, "components": {"DB": 0.0, "COMMUNICATE": 1.0}}},
+            {"task_id": "b", "termination": "max_steps", "score": {"reward": 0.0, "components": {"DB": 1.0, "COMMUNICATE": 0.0}}},
+            {"task_id": "b", "termination": "user_stop", "score": {"reward": 0.0, "components": {"DB": 0.0, "COMMUNICATE": 0.0}}}]
+    s = summarize(reps, scoring_mode="offline", k=2)
+    assert s["reward"] == 0.25 and s["success"] == 0.25 and s["pass_at_k"] == 0.5
+    assert s["db"] == 0.5 and s["communicate"] == 0.5
+    assert s["terminations"] == {"user_stop": 3, "max_steps": 1}
+    assert s["success_by_task"] == {"a": 0.5, "b": 0.0}
+    assert "not tau2" in s["scoring_note"]
+    with pytest.raises(ValueError, match="reports: empty"):
+        summarize([], scoring_mode="offline", k=1)
+
+
+def test_launch_eval_oracle_writes_per_task_results(tmp_path, capsys):
+    assert main(["job=eval", "env=tau2_retail", "agent=oracle", "env.tau2.tasks=0:6", "eval.k=2",
+                 f"runs_dir={tmp_path}", "name=oracle", "progress=false"]) == 0
+    summary = json.loads((tmp_path / "oracle" / "summary.json").read_text())
+    assert summary["tasks"] == 6 and summary["episodes"] == 12 and summary["k"] == 2
+    assert summary["reward"] == 1.0 and summary["db"] == 1.0 and summary["scoring_mode"] == "offline"
+    rows = [json.loads(l) for l in (tmp_path / "oracle" / "episodes.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and {r["seed"] for r in rows} == {0, 1}
+    assert all(r["score"]["scoring_mode"] == "offline" and r["termination"] == "user_stop" for r in rows)
+
+
+def test_aliases_and_config_errors():
+    assert expand_alias("env=tau2_retail") == "env.kind=tau2_retail"
+    assert expand_alias("agent=oracle") == "eval.agent=oracle"
+    assert expand_alias("env.gym=telepathy") == "env.gym=telepathy"
+    with pytest.raises(configlib.ConfigError, match="builtin:gyms"):
+        load_config(None, ["job=eval", "env.kind=tau2_retail"])
+    with pytest.raises(configlib.ConfigError, match="eval.agent|agent='oracle'"):
+        load_config(None, ["job=rl", "eval.agent=oracle"])
+    with pytest.raises(configlib.ConfigError, match="customer_llm"):
+        load_config(None, ["job=eval", "env.kind=tau2_retail", "eval.agent=oracle", "env.tau2.customer=llm"])
+    with pytest.raises(configlib.ConfigError, match="sft"):
+        load_config(None, ["env.kind=tau2_retail", "tokenizer=x"])
+    with pytest.raises(ValueError, match="judge"):
+        EnvFactory(Tau2Section(tasks="2", scoring="tau2"))
+
+
+def test_training_config_dry_run(capsys):
+    assert main(["--config", "configs/tau2_retail_rl.yaml", "--dry-run"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"] == "valid" and out["credit"] in ("grpo", "infopo", "faca", "infopo+faca")
+    cfg = load_config("configs/tau2_retail_rl.yaml")
+    assert cfg.env.kind == "tau2_retail" and cfg.env.tau2.customer == "scripted" and cfg.job == "rl"
