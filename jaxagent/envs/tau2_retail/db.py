@@ -1,0 +1,175 @@
+"""The tau2-bench retail database: loading, canonical form and hash (host code, no jax).
+
+Behaviour follows tau2-bench (``sierra-research/tau2-bench``) at commit ``a2c0247``, as written
+down in the project's retail specification (sections 1 and 4.2). The database is kept as nested
+plain dicts and lists — exactly the JSON objects of ``db.json`` — so that the tools
+(:mod:`jaxagent.envs.tau2_retail.tools`) mutate it in place and :func:`db_hash` reproduces tau2's
+hash byte for byte:
+
+* three tables, ``products`` / ``users`` / ``orders``, each a map id -> record, in file order (user
+  searches and item lookups scan in that order; rendering keeps it);
+* every order carries all 14 fields in the canonical order of :data:`ORDER_FIELDS`; the seven
+  optional ones (:data:`ORDER_OPTIONAL_FIELDS`) are absent from ``db.json`` and are added as
+  ``None`` on load, as tau2's pydantic model does;
+* numbers stay as they are parsed (floats in the file; a tool may store an integer 0, which hashes
+  differently from 0.0, as in tau2).
+
+:func:`load_db` parses a file once per path (the cache is keyed by the resolved path, size and
+modification time) and hands out an independent copy on every call, cheap enough for one per
+episode. The packaged data (``jaxagent/data/tau2_retail``: ``db.json``, ``policy.md``,
+``tasks_train.json``, MIT licence of Sierra Research) is the default; ``env.tau2.data_dir`` in a
+config points elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import threading
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DB_FILE", "DEFAULT_DATA_DIR", "ORDER_FIELDS", "ORDER_OPTIONAL_FIELDS", "ORDER_REQUIRED_FIELDS",
+           "ORDER_STATUSES", "POLICY_FILE", "TABLES", "TASKS_FILE", "canonicalize_db", "db_hash", "load_db",
+           "load_policy", "load_tasks"]
+
+DEFAULT_DATA_DIR: Path = Path(__file__).resolve().parents[2] / "data" / "tau2_retail"
+"""The packaged copy of tau2's retail data (``jaxagent/data/tau2_retail``)."""
+
+DB_FILE = "db.json"
+POLICY_FILE = "policy.md"
+TASKS_FILE = "tasks_train.json"
+CONFIG_KEY = "env.tau2.data_dir"
+
+TABLES: tuple[str, ...] = ("products", "users", "orders")
+"""The top-level keys of the database, in file order; no others are accepted."""
+
+ORDER_REQUIRED_FIELDS: tuple[str, ...] = (
+    "order_id", "user_id", "address", "items", "status", "fulfillments", "payment_history")
+ORDER_OPTIONAL_FIELDS: tuple[str, ...] = (
+    "cancel_reason", "exchange_items", "exchange_new_items", "exchange_payment_method_id",
+    "exchange_price_difference", "return_items", "return_payment_method_id")
+"""The seven order fields that are ``None`` until a tool sets them (absent from ``db.json``)."""
+ORDER_FIELDS: tuple[str, ...] = ORDER_REQUIRED_FIELDS + ORDER_OPTIONAL_FIELDS
+"""All 14 order fields in tau2's canonical (rendering) order."""
+
+ORDER_STATUSES: tuple[str, ...] = (
+    "pending", "processed", "delivered", "cancelled", "pending (item modified)", "exchange requested",
+    "return requested")
+
+# resolved path -> ((size, mtime_ns), pickled canonical db)
+_CACHE: dict[str, tuple[tuple[int, int], bytes]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _data_path(data_dir: str | Path | None, name: str) -> Path:
+    base = DEFAULT_DATA_DIR if data_dir is None else Path(data_dir)
+    path = base / name
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"tau2 retail data file not found: {path} (set the config key {CONFIG_KEY} to the folder "
+            f"holding {DB_FILE}, {POLICY_FILE} and {TASKS_FILE}; the packaged copy is {DEFAULT_DATA_DIR})")
+    return path
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def canonicalize_db(raw: Any, source: str = "db") -> dict:
+    """Validate a parsed ``db.json`` and return it in canonical form (orders get all 14 fields).
+
+    The three tables keep their insertion order; each order is rebuilt with the fields in
+    :data:`ORDER_FIELDS` order, the optional ones set to ``None`` where absent. Raises ``ValueError``
+    naming the field, the value found and what was expected.
+    """
+    if not isinstance(raw, dict):
+        raise ValueError(  # noqa: TRY004 (a bad file)
+            f"{source}: the database must be a JSON object with keys {list(TABLES)}, got {type(raw).__name__}")
+    keys = list(raw)
+    if sorted(keys) != sorted(TABLES):
+        extra = [k for k in keys if k not in TABLES]
+        missing = [k for k in TABLES if k not in raw]
+        raise ValueError(f"{source}: top-level keys {keys} (unexpected {extra}, missing {missing}); "
+                         f"expected exactly {list(TABLES)}")
+    for table in TABLES:
+        if not isinstance(raw[table], dict):
+            raise ValueError(f"{source}: field {table!r} is a {type(raw[table]).__name__} "  # noqa: TRY004 (a bad file)
+                             f"({_describe(raw[table])}); expected an object mapping ids to records")
+    orders: dict[str, dict] = {}
+    for order_id, order in raw["orders"].items():
+        where = f"{source}: orders[{order_id!r}]"
+        if not isinstance(order, dict):
+            raise ValueError(f"{where} is {_describe(order)}; expected an order object")  # noqa: TRY004 (a bad file)
+        unknown = [k for k in order if k not in ORDER_FIELDS]
+        if unknown:
+            raise ValueError(f"{where} has unknown field(s) {unknown}; expected only {list(ORDER_FIELDS)}")
+        missing = [k for k in ORDER_REQUIRED_FIELDS if k not in order]
+        if missing:
+            raise ValueError(f"{where} lacks the field(s) {missing}; every order needs "
+                             f"{list(ORDER_REQUIRED_FIELDS)}")
+        if order["status"] not in ORDER_STATUSES:
+            raise ValueError(f"{where}: field 'status' is {_describe(order['status'])}; expected one of "
+                             f"{list(ORDER_STATUSES)}")
+        orders[order_id] = {field: order.get(field) for field in ORDER_FIELDS}
+    return {"products": raw["products"], "users": raw["users"], "orders": orders}
+
+
+def _cached_pickle(data_dir: str | Path | None) -> bytes:
+    path = _data_path(data_dir, DB_FILE)
+    stat = path.stat()
+    stamp = (stat.st_size, stat.st_mtime_ns)
+    key = os.fspath(path.resolve())
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    with open(path, encoding="utf-8") as fh:
+        try:
+            raw = json.load(fh)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    blob = pickle.dumps(canonicalize_db(raw, source=str(path)), protocol=pickle.HIGHEST_PROTOCOL)
+    with _CACHE_LOCK:
+        _CACHE[key] = (stamp, blob)
+    return blob
+
+
+def load_db(data_dir: str | Path | None = None) -> dict:
+    """A fresh, independent canonical database from ``<data_dir>/db.json`` (default: the packaged copy).
+
+    The file is parsed and validated once per path; every call returns a new deep copy (about 10 ms),
+    so tools may mutate it freely.
+    """
+    # Unpickling our own pickle of plain dicts/lists/str/float/bool/None builds a fully independent
+    # copy and is ~4x faster than copy.deepcopy.
+    return pickle.loads(_cached_pickle(data_dir))
+
+
+def db_hash(db: dict) -> str:
+    """tau2's database hash: sha256 hex of ``json.dumps(db, sort_keys=True)`` (defaults otherwise).
+
+    Keys are sorted at every level, lists keep their order, floats are in repr form and an integer
+    0 differs from 0.0. The unmodified packaged database hashes to
+    ``b25c9cb211f5efcaee5dd646054a73c4a9f43f4f5acc32c10713cd9f9ac20e9c``.
+    """
+    text = json.dumps(db, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def load_tasks(data_dir: str | Path | None = None) -> list[dict]:
+    """The raw task dicts of ``<data_dir>/tasks_train.json`` (tau2's train split, 74 tasks)."""
+    path = _data_path(data_dir, TASKS_FILE)
+    with open(path, encoding="utf-8") as fh:
+        tasks = json.load(fh)
+    if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
+        raise ValueError(f"{path}: expected a JSON list of task objects, got {type(tasks).__name__}")
+    return tasks
+
+
+def load_policy(data_dir: str | Path | None = None) -> str:
+    """The agent policy text ``<data_dir>/policy.md``, verbatim."""
+    return _data_path(data_dir, POLICY_FILE).read_text(encoding="utf-8")

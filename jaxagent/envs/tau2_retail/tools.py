@@ -1,0 +1,635 @@
+"""The 16 agent tools of tau2-bench retail, on the plain-dict database of :mod:`.db` (host code, no jax).
+
+Behaviour follows tau2-bench (``sierra-research/tau2-bench``) at commit ``a2c0247``, as written down
+in the project's retail specification (sections 2 and 3): every check runs in tau2's order and
+fails with tau2's exact message, writes happen only after all checks pass, float arithmetic uses
+the same operands, order and rounding points (so the database hash after any sequence of calls
+equals tau2's), and tau2's quirks are kept on purpose:
+
+* ``cancel_pending_order`` refunds *every* payment-history entry (refunds included);
+* ``modify_pending_order_items`` gives every modified item the price and options of the *last*
+  new variant of the call, and records an unrounded price difference;
+* ``exchange_delivered_order_items`` rounds its difference, has no new-differs-from-old check, and
+  stores both id lists sorted independently (an empty exchange stores the integer 0);
+* arguments are not validated against the schema: a wrong type simply fails a lookup or raises
+  Python's own error, as in tau2.
+
+:class:`RetailTools` holds the database and has one method per tool (tau2's parameter names; the
+class name makes Python's own argument errors read like tau2's). :func:`execute` turns one tool call
+into the tool message content (spec 3.2) and never raises; :func:`render` is its result
+formatting; :func:`tool_schemas` gives the OpenAI function schemas shown to the agent (descriptions
+written for jaxagent, carrying the same instructions as tau2's docstrings).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CALCULATE_MAX_INT_BITS", "CANCEL_REASONS", "GENERIC_TOOLS", "READ_TOOLS", "TOOL_NAMES", "WRITE_TOOLS",
+           "RetailTools", "ToolError", "ToolResult", "execute", "render", "tool_schemas"]
+
+CANCEL_REASONS: tuple[str, ...] = ("no longer needed", "ordered by mistake")
+WRITE_TOOLS: frozenset[str] = frozenset({
+    "cancel_pending_order", "exchange_delivered_order_items", "modify_pending_order_address",
+    "modify_pending_order_items", "modify_pending_order_payment", "modify_user_address",
+    "return_delivered_order_items"})
+"""The seven tools that change the database (the ones tau2's evaluator replays)."""
+READ_TOOLS: frozenset[str] = frozenset({
+    "find_user_id_by_email", "find_user_id_by_name_zip", "get_item_details", "get_order_details",
+    "get_product_details", "get_user_details", "list_all_product_types"})
+GENERIC_TOOLS: frozenset[str] = frozenset({"calculate", "transfer_to_human_agents"})
+TOOL_NAMES: tuple[str, ...] = tuple(sorted(WRITE_TOOLS | READ_TOOLS | GENERIC_TOOLS))
+"""All 16 tool names, sorted."""
+
+CALCULATE_CHARS = "0123456789+-*/(). "
+CALCULATE_MAX_INT_BITS = 100_000
+"""``calculate`` refuses an integer product or power that would exceed this many bits (tau2's bare
+``eval`` would hang on ``9**9**9``; no float can hold more than ~1024 bits anyway)."""
+
+ADDRESS_FIELDS: tuple[str, ...] = ("address1", "address2", "city", "country", "state", "zip")
+
+
+class ToolError(ValueError):
+    """A tool's refusal; ``str(exc)`` is tau2's exact message (tau2 raises ``ValueError``)."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """One tool message: ``content`` as the agent sees it, ``error`` true when the call failed."""
+    content: str
+    error: bool
+
+
+# --------------------------------------------------------------------------------------------------
+# calculate: tau2 evaluates the whitelisted text with eval(); here the same Python semantics come from
+# walking the AST with the same operators, so values and error texts match without running eval.
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNARYOPS = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+class _Star:
+    """A ``*value`` call argument, evaluated."""
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _guard_size(op: type, left: Any, right: Any) -> None:
+    if type(left) is not int or type(right) is not int:
+        return
+    if op is ast.Pow:
+        too_big = right > 0 and abs(left) > 1 and (abs(left).bit_length() - 1) * right > CALCULATE_MAX_INT_BITS
+    else:
+        too_big = op is ast.Mult and left.bit_length() + right.bit_length() > CALCULATE_MAX_INT_BITS + 1
+    if too_big:
+        raise ToolError(f"Result too large to calculate: an integer of more than {CALCULATE_MAX_INT_BITS} bits")
+
+
+def _evaluate(expression: str) -> Any:
+    """Python's value of an arithmetic expression made of ``CALCULATE_CHARS``, with Python's errors.
+
+    Parsed by :func:`ast.parse` (syntax errors carry the same ``(<string>, line 1)`` text as
+    ``eval``), then evaluated iteratively (deep ``1+1+...`` chains work as in ``eval``). Only the
+    node types these characters can form are accepted: numbers, ``...``, ``()``, unary +/-, the
+    seven binary operators and calls (which always fail, as nothing callable exists).
+    """
+    if not isinstance(expression, str):
+        raise TypeError("eval() arg 1 must be a string, bytes or code object")
+    tree = ast.parse(expression.lstrip(" \t"), filename="<string>", mode="eval")
+    values: list[Any] = []
+    # (node, expanded, immediate_star): immediate_star marks a *arg that Python checks on the spot.
+    stack: list[tuple[ast.AST, bool, bool]] = [(tree.body, False, False)]
+    while stack:
+        node, expanded, immediate_star = stack.pop()
+        kind = type(node)
+        if kind is ast.Constant:
+            if not (type(node.value) in (int, float) or node.value is Ellipsis):
+                raise ToolError(f"Unsupported constant in expression: {node.value!r}")
+            values.append(node.value)
+        elif kind is ast.Tuple:
+            if not expanded:
+                if any(isinstance(e, ast.Starred) for e in node.elts):
+                    raise ToolError("Unsupported expression")
+                stack.append((node, True, False))
+                stack.extend((e, False, False) for e in reversed(node.elts))
+            else:
+                n = len(node.elts)
+                items = tuple(values[len(values) - n:]) if n else ()
+                del values[len(values) - n:]
+                values.append(items)
+        elif kind is ast.UnaryOp and type(node.op) in _UNARYOPS:
+            if not expanded:
+                stack.append((node, True, False))
+                stack.append((node.operand, False, False))
+            else:
+                values.append(_UNARYOPS[type(node.op)](values.pop()))
+        elif kind is ast.BinOp and type(node.op) in _BINOPS:
+            if not expanded:
+                stack.append((node, True, False))
+                stack.append((node.right, False, False))
+                stack.append((node.left, False, False))
+            else:
+                right = values.pop()
+                left = values.pop()
+                _guard_size(type(node.op), left, right)
+                values.append(_BINOPS[type(node.op)](left, right))
+        elif kind is ast.Starred:
+            if not expanded:
+                stack.append((node, True, immediate_star))
+                stack.append((node.value, False, False))
+            else:
+                value = values.pop()
+                if immediate_star and not isinstance(value, tuple):
+                    raise TypeError(f"Value after * must be an iterable, not {type(value).__name__}")
+                values.append(_Star(value))
+        elif kind is ast.Call:
+            if any(k.arg is not None for k in node.keywords):
+                raise ToolError("Unsupported expression")
+            has_double_star = bool(node.keywords)
+            lone_star = len(node.args) == 1 and isinstance(node.args[0], ast.Starred)
+            if not expanded:
+                immediate = not has_double_star and not lone_star
+                stack.append((node, True, False))
+                stack.extend((k.value, False, False) for k in reversed(node.keywords))
+                stack.extend((a, False, immediate) for a in reversed(node.args))
+                stack.append((node.func, False, False))
+            else:
+                n = len(node.args) + len(node.keywords)
+                operands = values[len(values) - n:] if n else []
+                del values[len(values) - n:]
+                func = values.pop()
+                args, kwargs = operands[:len(node.args)], operands[len(node.args):]
+                if kwargs:   # nothing these characters can build is a mapping
+                    raise TypeError(f"{func} argument after ** must be a mapping, not {type(kwargs[0]).__name__}")
+                for arg in args:
+                    if isinstance(arg, _Star) and not isinstance(arg.value, tuple):
+                        raise TypeError(f"{func} argument after * must be an iterable, "
+                                        f"not {type(arg.value).__name__}")
+                raise TypeError(f"'{type(func).__name__}' object is not callable")
+        else:
+            raise ToolError(f"Unsupported expression element: {kind.__name__}")
+    return values.pop()
+
+
+# --------------------------------------------------------------------------------------------------
+# rendering
+
+def render(value: Any) -> str:
+    """Tool-message content of a successful result: a string unchanged, anything else as one-line JSON.
+
+    Records keep their stored (canonical) field order, nulls included; separators ``", "`` and
+    ``": "``; non-ASCII escaped; floats in repr form.
+    """
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def _validate_address(**fields: Any) -> dict[str, str]:
+    """tau2's ``UserAddress(...)``: every field must be a string (pydantic's error text otherwise)."""
+    bad = [(name, fields[name]) for name in ADDRESS_FIELDS if not isinstance(fields[name], str)]
+    if bad:
+        count = f"{len(bad)} validation error{'s' if len(bad) > 1 else ''} for UserAddress"
+        lines = [count]
+        for name, value in bad:
+            lines.append(name)
+            lines.append(f"  Input should be a valid string [type=string_type, input_value={value!r}, "
+                         f"input_type={type(value).__name__}]")
+        raise ToolError("\n".join(lines))
+    return {name: fields[name] for name in ADDRESS_FIELDS}
+
+
+def _is_gift_card(method: dict) -> bool:
+    return method.get("source") == "gift_card"
+
+
+# --------------------------------------------------------------------------------------------------
+# the tools
+
+class RetailTools:
+    """tau2's retail toolkit over a canonical plain-dict database (mutated in place by write tools)."""
+
+    def __init__(self, db: dict) -> None:
+        self.db = db
+
+    # -- shared lookups (spec 2.1) --------------------------------------------------------------------
+
+    def _get_order(self, order_id: str) -> dict:
+        if order_id not in self.db["orders"]:
+            raise ToolError("Order not found")
+        return self.db["orders"][order_id]
+
+    def _get_user(self, user_id: str) -> dict:
+        if user_id not in self.db["users"]:
+            raise ToolError("User not found")
+        return self.db["users"][user_id]
+
+    def _get_product(self, product_id: str) -> dict:
+        if product_id not in self.db["products"]:
+            raise ToolError("Product not found")
+        return self.db["products"][product_id]
+
+    def _get_item(self, item_id: str) -> dict:
+        for product in self.db["products"].values():
+            if item_id in product["variants"]:
+                return product["variants"][item_id]
+        raise ToolError("Item not found")
+
+    def _get_variant(self, product_id: str, variant_id: str) -> dict:
+        product = self._get_product(product_id)
+        if variant_id not in product["variants"]:
+            raise ToolError("Variant not found")
+        return product["variants"][variant_id]
+
+    def _get_payment_method(self, user_id: str, payment_method_id: str) -> dict:
+        user = self._get_user(user_id)
+        if payment_method_id not in user["payment_methods"]:
+            raise ToolError("Payment method not found")
+        return user["payment_methods"][payment_method_id]
+
+    # -- generic ----------------------------------------------------------------------------------
+
+    def calculate(self, expression: str) -> str:
+        """Evaluate an arithmetic expression; the value rounded to 2 decimals, as text."""
+        if not all(char in CALCULATE_CHARS for char in expression):
+            raise ToolError("Invalid characters in expression")
+        return str(round(float(_evaluate(expression)), 2))
+
+    def transfer_to_human_agents(self, summary: str) -> str:
+        """Hand the conversation to a human; changes nothing and does not end the episode."""
+        return "Transfer successful"
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def find_user_id_by_email(self, email: str) -> str:
+        """First user (file order) whose email equals ``email`` ignoring case."""
+        for user_id, user in self.db["users"].items():
+            if user["email"].lower() == email.lower():
+                return user_id
+        raise ToolError("User not found")
+
+    def find_user_id_by_name_zip(self, first_name: str, last_name: str, zip: str) -> str:
+        """First user whose names match ignoring case and whose profile zip equals ``zip`` exactly."""
+        for user_id, user in self.db["users"].items():
+            if (user["name"]["first_name"].lower() == first_name.lower()
+                    and user["name"]["last_name"].lower() == last_name.lower()
+                    and user["address"]["zip"] == zip):
+                return user_id
+        raise ToolError("User not found")
+
+    def get_user_details(self, user_id: str) -> dict:
+        """The User record."""
+        return self._get_user(user_id)
+
+    def get_order_details(self, order_id: str) -> dict:
+        """The Order record (all 14 fields)."""
+        return self._get_order(order_id)
+
+    def get_product_details(self, product_id: str) -> dict:
+        """The Product record with all its variants."""
+        return self._get_product(product_id)
+
+    def get_item_details(self, item_id: str) -> dict:
+        """The Variant of the first product (file order) that has it."""
+        return self._get_item(item_id)
+
+    def list_all_product_types(self) -> str:
+        """JSON text {product name: product id}, keys sorted."""
+        product_dict = {product["name"]: product["product_id"] for product in self.db["products"].values()}
+        return json.dumps(product_dict, sort_keys=True)
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    def cancel_pending_order(self, order_id: str, reason: str) -> dict:
+        """Cancel a ``pending`` order, refunding every payment-history entry (gift cards at once)."""
+        order = self._get_order(order_id)
+        if order["status"] != "pending":
+            raise ToolError("Non-pending order cannot be cancelled")
+        if reason not in {"no longer needed", "ordered by mistake"}:
+            raise ToolError("Invalid reason")
+        # Every owner method exists (all payments are made with the owner's methods), so resolve them
+        # all before touching a balance: no partial write can happen.
+        methods = [self._get_payment_method(order["user_id"], payment["payment_method_id"])
+                   for payment in order["payment_history"]]
+        refunds = []
+        for payment, method in zip(order["payment_history"], methods):
+            refunds.append({"transaction_type": "refund", "amount": payment["amount"],
+                            "payment_method_id": payment["payment_method_id"]})
+            if _is_gift_card(method):
+                method["balance"] = round(method["balance"] + payment["amount"], 2)
+        order["status"] = "cancelled"
+        order["cancel_reason"] = reason
+        order["payment_history"].extend(refunds)
+        return order
+
+    def modify_pending_order_address(self, order_id: str, address1: str, address2: str, city: str,
+                                     state: str, country: str, zip: str) -> dict:
+        """Replace the shipping address of a pending (or item-modified) order."""
+        order = self._get_order(order_id)
+        if "pending" not in order["status"]:
+            raise ToolError("Non-pending order cannot be modified")
+        order["address"] = _validate_address(address1=address1, address2=address2, city=city, state=state,
+                                             country=country, zip=zip)
+        return order
+
+    def modify_user_address(self, user_id: str, address1: str, address2: str, city: str, state: str,
+                            country: str, zip: str) -> dict:
+        """Replace a user's profile address (orders untouched)."""
+        user = self._get_user(user_id)
+        user["address"] = _validate_address(address1=address1, address2=address2, city=city, state=state,
+                                            country=country, zip=zip)
+        return user
+
+    def modify_pending_order_payment(self, order_id: str, payment_method_id: str) -> dict:
+        """Switch the single payment of a pending order to another of the owner's methods."""
+        order = self._get_order(order_id)
+        if "pending" not in order["status"]:
+            raise ToolError("Non-pending order cannot be modified")
+        method = self._get_payment_method(order["user_id"], payment_method_id)
+        history = order["payment_history"]
+        if len(history) != 1 or history[0]["transaction_type"] != "payment":
+            raise ToolError("There should be exactly one payment for a pending order")
+        old_id = history[0]["payment_method_id"]
+        if old_id == payment_method_id:
+            raise ToolError("The new payment method should be different from the current one")
+        amount = history[0]["amount"]
+        if _is_gift_card(method) and method["balance"] < amount:
+            raise ToolError("Insufficient gift card balance to pay for the order")
+        old_method = self._get_payment_method(order["user_id"], old_id)   # resolved before any write
+        history.extend([
+            {"transaction_type": "payment", "amount": amount, "payment_method_id": payment_method_id},
+            {"transaction_type": "refund", "amount": amount, "payment_method_id": old_id},
+        ])
+        if _is_gift_card(method):
+            method["balance"] = round(method["balance"] - amount, 2)
+        if _is_gift_card(old_method):
+            old_method["balance"] = round(old_method["balance"] + amount, 2)
+        return order
+
+    def modify_pending_order_items(self, order_id: str, item_ids: list[str], new_item_ids: list[str],
+                                   payment_method_id: str) -> dict:
+        """Swap items of a ``pending`` order for other variants of the same products (once per order)."""
+        order = self._get_order(order_id)
+        if order["status"] != "pending":
+            raise ToolError("Non-pending order cannot be modified")
+        all_item_ids = [item["item_id"] for item in order["items"]]
+        for item_id in item_ids:
+            if item_ids.count(item_id) > all_item_ids.count(item_id):
+                raise ToolError(f"{item_id} not found")
+        if len(item_ids) != len(new_item_ids):
+            raise ToolError("The number of items to be exchanged should match")
+        diff_price = 0
+        variant = None
+        for item_id, new_item_id in zip(item_ids, new_item_ids):
+            if item_id == new_item_id:
+                raise ToolError("The new item id should be different from the old item id")
+            item = next((item for item in order["items"] if item["item_id"] == item_id), None)
+            if item is None:
+                raise ToolError(f"Item {item_id} not found")
+            variant = self._get_variant(item["product_id"], new_item_id)
+            if not variant["available"]:
+                raise ToolError(f"New item {new_item_id} not found or available")
+            diff_price += variant["price"] - item["price"]
+        method = self._get_payment_method(order["user_id"], payment_method_id)
+        if _is_gift_card(method) and method["balance"] < diff_price:
+            raise ToolError("Insufficient gift card balance to pay for the new item")
+
+        order["payment_history"].append({
+            "transaction_type": "payment" if diff_price > 0 else "refund",
+            "amount": float(abs(diff_price)),          # unrounded; 0.0 for empty lists
+            "payment_method_id": payment_method_id,
+        })
+        if _is_gift_card(method):
+            method["balance"] = round(method["balance"] - diff_price, 2)
+        for item_id, new_item_id in zip(item_ids, new_item_ids):
+            # tau2's bug, kept: price and options come from the LAST variant looked up above.
+            item = next(item for item in order["items"] if item["item_id"] == item_id)
+            item["item_id"] = new_item_id
+            item["price"] = variant["price"]
+            item["options"] = dict(variant["options"])
+        order["status"] = "pending (item modified)"
+        return order
+
+    def exchange_delivered_order_items(self, order_id: str, item_ids: list[str], new_item_ids: list[str],
+                                       payment_method_id: str) -> dict:
+        """Request an exchange of delivered items for other variants (once per order; no payment yet)."""
+        order = self._get_order(order_id)
+        if order["status"] != "delivered":
+            raise ToolError("Non-delivered order cannot be exchanged")
+        all_item_ids = [item["item_id"] for item in order["items"]]
+        for item_id in item_ids:
+            if item_ids.count(item_id) > all_item_ids.count(item_id):
+                raise ToolError(f"Number of {item_id} not found.")
+        if len(item_ids) != len(new_item_ids):
+            raise ToolError("The number of items to be exchanged should match.")
+        diff_price = 0
+        for item_id, new_item_id in zip(item_ids, new_item_ids):
+            item = next((item for item in order["items"] if item["item_id"] == item_id), None)
+            if item is None:
+                raise ToolError(f"Item {item_id} not found")
+            variant = self._get_variant(item["product_id"], new_item_id)
+            if not variant["available"]:
+                raise ToolError(f"New item {new_item_id} not found or available")
+            diff_price += variant["price"] - item["price"]
+        diff_price = round(diff_price, 2)     # an int 0 stays an int 0 (empty lists)
+        method = self._get_payment_method(order["user_id"], payment_method_id)
+        if _is_gift_card(method) and method["balance"] < diff_price:
+            raise ToolError("Insufficient gift card balance to pay for the price difference")
+        order["status"] = "exchange requested"
+        order["exchange_items"] = sorted(item_ids)
+        order["exchange_new_items"] = sorted(new_item_ids)
+        order["exchange_payment_method_id"] = payment_method_id
+        order["exchange_price_difference"] = diff_price
+        return order
+
+    def return_delivered_order_items(self, order_id: str, item_ids: list[str], payment_method_id: str) -> dict:
+        """Request a return of delivered items, refunded to the original method or a gift card."""
+        order = self._get_order(order_id)
+        if order["status"] != "delivered":
+            raise ToolError("Non-delivered order cannot be returned")
+        user = self._get_user(order["user_id"])
+        method = self._get_payment_method(user["user_id"], payment_method_id)
+        if (not _is_gift_card(method)
+                and payment_method_id != order["payment_history"][0]["payment_method_id"]):
+            raise ToolError("Payment method should be the original payment method")
+        all_item_ids = [item["item_id"] for item in order["items"]]
+        for item_id in item_ids:
+            if item_ids.count(item_id) > all_item_ids.count(item_id):
+                raise ToolError("Some item not found")
+        order["status"] = "return requested"
+        order["return_items"] = sorted(item_ids)
+        order["return_payment_method_id"] = payment_method_id
+        return order
+
+
+# --------------------------------------------------------------------------------------------------
+# calling a tool
+
+def execute(db: dict, name: str, arguments: Any) -> ToolResult:
+    """Run one tool call against ``db`` (mutated in place by write tools); never raises.
+
+    Unknown name -> ``Error: Tool '<name>' not found.``; arguments that are not an object -> an error
+    saying so; any exception of the call (tau2's messages, Python's argument errors, ...) ->
+    ``"Error: " + str(exc)``; otherwise the rendered result with ``error=False``.
+    """
+    if not isinstance(name, str) or name not in TOOL_NAMES:
+        return ToolResult(f"Error: Tool '{name}' not found.", True)
+    if not isinstance(arguments, dict):
+        return ToolResult(f"Error: the arguments of {name} must be a JSON object mapping parameter names "
+                          f"to values, got {type(arguments).__name__} {arguments!r:.80}", True)
+    try:
+        result = getattr(RetailTools(db), name)(**arguments)
+    except Exception as exc:   # noqa: BLE001 — every failure becomes a tool message, as in tau2
+        return ToolResult("Error: " + str(exc), True)
+    return ToolResult(render(result), False)
+
+
+# --------------------------------------------------------------------------------------------------
+# schemas shown to the agent
+
+_ORDER_ID = ("The order id, which starts with '#' followed by 'W' and 7 digits, e.g. '#W0000000'. "
+             "Include the leading '#'.")
+_PAYMENT_ID = ("The id of one of the user's payment methods, e.g. 'credit_card_0000000', "
+               "'paypal_0000000' or 'gift_card_0000000' (see the user's or the order's details).")
+_ADDRESS_PARAMS = {
+    "address1": "First address line, e.g. '123 Main St'.",
+    "address2": "Second address line, e.g. 'Apt 1'; use '' when there is none.",
+    "city": "City, e.g. 'San Francisco'.",
+    "state": "State, e.g. 'CA'.",
+    "country": "Country, e.g. 'USA'.",
+    "zip": "Zip code as a string, e.g. '12345'.",
+}
+_CONFIRM = (" This changes the database: first explain the exact details to the user and get an explicit "
+            "'yes' before calling it.")
+
+_SCHEMA_TABLE: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
+    # name: (description, {param: (type, description)})
+    "calculate": (
+        ("Evaluate an arithmetic expression and return the result rounded to 2 decimals. Only digits, "
+         "+ - * /, parentheses, '.' and spaces are allowed."),
+        {"expression": ("string", "The expression to evaluate, e.g. '(19.99 + 5.01) * 2'.")}),
+    "cancel_pending_order": (
+        "Cancel an order whose status is 'pending' (processed or delivered orders cannot be "
+        "cancelled). The status becomes 'cancelled' and the payment is refunded: at once to a gift "
+        "card, otherwise within 5-7 business days. Returns the updated order." + _CONFIRM,
+        {"order_id": ("string", _ORDER_ID),
+         "reason": ("string", "Why the order is cancelled: exactly 'no longer needed' or 'ordered by mistake'.")}),
+    "exchange_delivered_order_items": (
+        "Request an exchange of items of a delivered order for other items (variants) of the same "
+        "products. A delivered order can be returned or exchanged only once, so collect every item to "
+        "exchange before calling. The price difference is paid or refunded with the given payment "
+        "method. Returns the updated order." + _CONFIRM,
+        {"order_id": ("string", _ORDER_ID),
+         "item_ids": ("array", ("Item ids (10 digits, not product ids) of the order to exchange; an id "
+                                "appears as many times as units are exchanged.")),
+         "new_item_ids": ("array", ("The new item ids, position-matched with item_ids: the i-th new item "
+                                    "replaces the i-th old one and must be a variant of the same product. "
+                                    "Duplicates are allowed.")),
+         "payment_method_id": ("string", _PAYMENT_ID + " Pays or receives the price difference.")}),
+    "find_user_id_by_email": (
+        "Look up a user id by email address (case-insensitive). Fails when no user has this email.",
+        {"email": ("string", "The user's email, e.g. 'name@example.com'.")}),
+    "find_user_id_by_name_zip": (
+        ("Look up a user id by first name, last name and the zip code of the user's profile address. "
+         "Prefer find_user_id_by_email; use this when the user cannot give an email or it was not found."),
+        {"first_name": ("string", "First name, e.g. 'John'."),
+         "last_name": ("string", "Last name, e.g. 'Doe'."),
+         "zip": ("string", "Zip code as a string, e.g. '12345'.")}),
+    "get_item_details": (
+        "Get one item (a variant of a product): its options, availability and price.",
+        {"item_id": ("string", "The item id, 10 digits, e.g. '1008292230'. Item ids differ from product ids.")}),
+    "get_order_details": (
+        "Get an order's status, items, shipping address, fulfillments and payment history.",
+        {"order_id": ("string", _ORDER_ID)}),
+    "get_product_details": (
+        "Get a product and all its items (variants) with their options, availability and prices.",
+        {"product_id": ("string", "The product id, 10 digits, e.g. '6086499569'. Product ids differ from item ids.")}),
+    "get_user_details": (
+        ("Get a user's profile: name, address, email, payment methods (with gift card balances) and "
+         "order ids."),
+        {"user_id": ("string", "The user id, e.g. 'sara_doe_496'.")}),
+    "list_all_product_types": (
+        ("List the 50 product types of the store as a JSON object mapping each product name to its "
+         "product id (names sorted). Each product has several items with their own item ids and options."),
+        {}),
+    "modify_pending_order_address": (
+        "Change the shipping address of a pending order. Returns the updated order." + _CONFIRM,
+        {"order_id": ("string", _ORDER_ID),
+         **{k: ("string", v) for k, v in _ADDRESS_PARAMS.items()}}),
+    "modify_pending_order_items": (
+        "Replace items of a pending order with other items (variants) of the same products. This can "
+        "be done only once per order, so collect every change before calling. The price difference "
+        "is paid or refunded with the given payment method. Returns the updated order." + _CONFIRM,
+        {"order_id": ("string", _ORDER_ID),
+         "item_ids": ("array", ("Item ids (10 digits, not product ids) of the order to modify; an id "
+                                "appears as many times as units are modified.")),
+         "new_item_ids": ("array", ("The new item ids, position-matched with item_ids: the i-th new item "
+                                    "replaces the i-th old one, must differ from it and be a variant of the "
+                                    "same product. Duplicates are allowed.")),
+         "payment_method_id": ("string", _PAYMENT_ID + " Pays or receives the price difference.")}),
+    "modify_pending_order_payment": (
+        "Pay a pending order with a different payment method of the same user; a gift card needs a "
+        "balance covering the order total. Returns the updated order." + _CONFIRM,
+        {"order_id": ("string", _ORDER_ID),
+         "payment_method_id": ("string", _PAYMENT_ID + " Must differ from the current one.")}),
+    "modify_user_address": (
+        "Change the default (profile) address of a user; existing orders keep theirs. Returns the "
+        "updated user." + _CONFIRM,
+        {"user_id": ("string", "The user id, e.g. 'sara_doe_496'."),
+         **{k: ("string", v) for k, v in _ADDRESS_PARAMS.items()}}),
+    "return_delivered_order_items": (
+        "Request a return of items of a delivered order; the status becomes 'return requested' and the "
+        "user gets an email on how to send the items back. The refund goes to the original payment "
+        "method or to a gift card of the user. A delivered order can be returned or exchanged only "
+        "once. Returns the updated order." + _CONFIRM,
+        {"order_id": ("string", _ORDER_ID),
+         "item_ids": ("array", ("Item ids (10 digits, not product ids) of the order to return; an id "
+                                "appears as many times as units are returned.")),
+         "payment_method_id": ("string", _PAYMENT_ID + " Must be the order's original method or a gift card.")}),
+    "transfer_to_human_agents": (
+        ("Transfer the user to a human agent with a summary of the issue. Do this only when the user "
+         "explicitly asks for a human, or when the request cannot be solved with the policy and these tools."),
+        {"summary": ("string", "A short summary of the user's issue.")}),
+}
+
+
+def _param_schema(name: str, kind: str, description: str) -> dict[str, Any]:
+    schema: dict[str, Any] = {"title": name.replace("_", " ").title(), "type": kind}
+    if kind == "array":
+        schema["items"] = {"type": "string"}
+    schema["description"] = description
+    return schema
+
+
+def tool_schemas() -> tuple[dict, ...]:
+    """The 16 OpenAI function schemas, in :data:`TOOL_NAMES` order; every parameter is required.
+
+    Parameter names and order are the methods' own (checked against ``inspect.signature``).
+    """
+    out = []
+    for name in TOOL_NAMES:
+        description, params = _SCHEMA_TABLE[name]
+        signature = list(inspect.signature(getattr(RetailTools, name)).parameters)[1:]
+        if signature != list(params):
+            raise AssertionError(f"schema parameters {list(params)} of {name} differ from the method's {signature}")
+        out.append({
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": description,
+                "parameters": {
+                    "type": "object",
+                    "properties": {p: _param_schema(p, kind, text) for p, (kind, text) in params.items()},
+                    "required": list(params),
+                },
+            },
+        })
+    return tuple(out)
