@@ -139,3 +139,57 @@ def test_training_config_dry_run(capsys):
     assert out["config"] == "valid" and out["credit"] in ("grpo", "infopo", "faca", "infopo+faca")
     cfg = load_config("configs/tau2_retail_rl.yaml")
     assert cfg.env.kind == "tau2_retail" and cfg.env.tau2.customer == "scripted" and cfg.job == "rl"
+
+
+class OracleEngine:
+    """A stand-in for the generation engine that 'generates' the oracle's next message as tokens
+    (its text and Qwen ``<tool_call>`` blocks, then the end-of-turn token), so a whole gold episode
+    goes through the real loop: renderer, parser, tool execution, customer, trajectory."""
+
+    def __init__(self, task):
+        from jaxagent.envs.base import Reset
+        from jaxagent.envs.tau2_retail.agents import OracleAgent
+
+        self.agent = OracleAgent()
+        self.agent.start(task, Reset(()))
+
+    async def generate(self, session, prompt, sampling, key):
+        from jaxagent.rollout.engine import EngineResult
+
+        msg = await self.agent.act(())
+        text = msg.content + "".join(f"<tool_call>\n{json.dumps(c.to_dict())}\n</tool_call>" for c in msg.tool_calls)
+        ids = TOK.encode(text) + [TOK.eos_token_ids[0]]
+        return EngineResult(ids, [0.0] * len(ids), [0.0] * len(ids), True, False, len(prompt))
+
+    def release(self, session):
+        pass
+
+
+@pytest.mark.parametrize("task_id", ["0", "14"])
+def test_oracle_tokens_through_the_loop_reach_the_gold_db_and_group_tool_calls_in_one_segment(task_id):
+    from jaxagent.rollout.loop import run_episode
+
+    factory = EnvFactory(Tau2Section(tasks=task_id))
+    task = factory.tasks[task_id]
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=512, stop_tokens=tuple(TOK.eos_token_ids))
+    traj = asyncio.run(run_episode(OracleEngine(task), factory(), TOK, task_id=task_id, seed=0, group_id=0,
+                                   sampling=sampling, key=jax.random.key(0),
+                                   config=EpisodeConfig(max_turns=60, max_tokens=1 << 20,
+                                                        tool_schemas_in_prompt=False)))
+    report = factory.drain()[0]
+    assert traj.termination == "done" and traj.outcome_reward == 1.0
+    assert report["score"]["components"]["DB"] == 1.0
+    # every gold action was executed from the parsed tokens, in order
+    calls = [(c["name"], c["arguments"]) for m in report["messages"] if m["role"] == "assistant"
+             for c in m["tool_calls"]]
+    assert calls == [(a.name, dict(a.arguments)) for a in task.actions]
+    # U2U segments: the agent turns between two customer messages form one segment, labelled by the
+    # customer's reaction to its last message; the first segment holds every tool call before the
+    # first proposal
+    roles = [s.role for s in traj.spans]
+    segs = traj.segments()
+    first_text = next(i for i, m in enumerate(report["messages"]) if m["role"] == "assistant" and m["content"])
+    n_calls_before = sum(1 for m in report["messages"][:first_text] if m["role"] == "assistant")
+    assert len(segs[0][0]) == n_calls_before + 1 >= 2
+    assert segs[0][1] in ("confirm", "accept")
+    assert sum(r == "assistant" for r in roles) == sum(len(t) for t, _ in segs)
