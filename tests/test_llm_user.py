@@ -458,3 +458,15 @@ def test_parser_round_trips_well_formed_json(utterance, strategy, before, after,
                      indent=2 if indent else None)
     text = f"{before}```json\n{obj}\n```{after}" if fence else f"{before}{obj}{after}"
     assert parse_reply(text) == (parse_reply(text).__class__)(utterance, strategy, None)
+
+
+def test_client_serves_successive_event_loops(server):
+    """A job runs each evaluation in its own asyncio.run: the same client must keep working (its
+    connection pool and semaphore are rebound to the new loop, not reused from a closed one)."""
+    client = LLMUserClient(make_config(server.base_url, max_retries=0))
+    replies = [asyncio.run(client.respond(CONVERSATION, PROFILE)) for _ in range(3)]
+    assert [r.utterance for r in replies] == ["reply 0", "reply 1", "reply 2"]
+    assert all(r.attempts == 1 for r in replies)
+    asyncio.run(client.aclose())
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(client.respond(CONVERSATION, PROFILE))

@@ -519,7 +519,8 @@ class _BadBody(Exception):
 
 class LLMUserClient:
     """Async OpenAI-compatible user-simulator client (see the module docstring). Use as
-    ``async with LLMUserClient(config) as user:`` or call :meth:`aclose`. One event loop per client."""
+    ``async with LLMUserClient(config) as user:`` or call :meth:`aclose`. Usable from successive event
+    loops (each ``asyncio.run`` gets its own connection pool)."""
 
     def __init__(self, config: LLMUserConfig, *, rng: random.Random | None = None):
         if not isinstance(config, LLMUserConfig):
@@ -533,19 +534,32 @@ class LLMUserClient:
                                  "unset or empty; expected it to hold the API key (or api_key_env=None for no key)")
             self._key = _Secret(value.strip())
         self._rng = rng if rng is not None else random.Random(config.seed)
-        self._semaphore = asyncio.Semaphore(config.max_concurrency)
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s,
-                                  pool=config.connect_timeout_s + config.read_timeout_s),
-            limits=httpx.Limits(max_connections=config.max_concurrency,
-                                max_keepalive_connections=config.max_concurrency),
-            trust_env=config.trust_env,
-        )
+        self._closed = False
+        # The HTTP connection pool and the concurrency semaphore belong to one event loop: they are
+        # made for the loop that first uses them and made again when another loop calls (a job that
+        # runs each evaluation in its own ``asyncio.run``); the old loop's connections died with it.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+
+    def _bind(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._http is None:
+            c = self.config
+            self._http = httpx.AsyncClient(
+                timeout=httpx.Timeout(c.read_timeout_s, connect=c.connect_timeout_s,
+                                      pool=c.connect_timeout_s + c.read_timeout_s),
+                limits=httpx.Limits(max_connections=c.max_concurrency, max_keepalive_connections=c.max_concurrency),
+                trust_env=c.trust_env,
+            )
+            self._semaphore = asyncio.Semaphore(c.max_concurrency)
+            self._loop = loop
+        return self._http, self._semaphore
 
     def __repr__(self) -> str:
         c = self.config
         return (f"LLMUserClient(url={c.url!r}, model={c.model!r}, api_key_env={c.api_key_env!r}, "
-                f"max_concurrency={c.max_concurrency}, closed={self._http.is_closed})")
+                f"max_concurrency={c.max_concurrency}, closed={self._closed})")
 
     __str__ = __repr__
 
@@ -556,7 +570,10 @@ class LLMUserClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        self._closed = True
+        if self._http is not None and self._loop is asyncio.get_running_loop():
+            await self._http.aclose()
+        self._http = self._semaphore = self._loop = None
 
     def build_messages(self, conversation: Sequence[Mapping[str, Any]], profile: Mapping[str, Any]
                        ) -> list[dict[str, str]]:
@@ -623,8 +640,9 @@ class LLMUserClient:
         ``require_content`` is False), the HTTP attempts and the wall time. ``extra`` adds request
         fields (``tools``, ``response_format``, ...). Raises :class:`SimulatorError`."""
         c = self.config
-        if self._http.is_closed:
+        if self._closed:
             raise RuntimeError("LLMUserClient: the client is closed; expected an open client")
+        http, semaphore = self._bind()
         payload: dict[str, Any] = {"model": c.model, "messages": list(messages), "temperature": c.temperature,
                                    "stream": False}
         if c.max_tokens is not None:
@@ -640,8 +658,8 @@ class LLMUserClient:
             attempts += 1
             retry_after = None
             try:
-                async with self._semaphore:
-                    response = await self._http.post(c.url, json=payload, headers=headers)
+                async with semaphore:
+                    response = await http.post(c.url, json=payload, headers=headers)
             except httpx.TimeoutException as e:
                 status, excerpt, reason = None, "", f"timeout ({type(e).__name__})"
             except httpx.RequestError as e:  # connection errors, truncated bodies, decoding errors
