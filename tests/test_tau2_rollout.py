@@ -193,3 +193,37 @@ def test_oracle_tokens_through_the_loop_reach_the_gold_db_and_group_tool_calls_i
     assert len(segs[0][0]) == n_calls_before + 1 >= 2
     assert segs[0][1] in ("confirm", "accept")
     assert sum(r == "assistant" for r in roles) == sum(len(t) for t, _ in segs)
+
+
+def test_tiny_model_against_the_llm_customer_over_http():
+    """The LLM customer behind a loopback OpenAI-compatible server: its labels land on the user
+    messages of the trajectory, its stop token ends the episode, the batch collates."""
+    from jaxagent.envs.llm_user import LLMUserConfig
+    from tests.test_user_env import _server
+
+    srv, seen = _server(['{"utterance": "I want to return my order #W2378156.", "strategy": "provide_info"}',
+                         '{"utterance": "No, that is wrong.", "strategy": "reject"}',
+                         '{"utterance": "Thanks. ###STOP###", "strategy": "accept"}'])
+    try:
+        section = Tau2Section(tasks="0", customer="llm", customer_llm=LLMUserConfig(
+            base_url=f"http://127.0.0.1:{srv.server_address[1]}/v1", model="customer", max_retries=0))
+        factory = EnvFactory(section)
+        params = init_params(jax.random.key(0), CFG)
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=16, stop_tokens=tuple(TOK.eos_token_ids))
+        trajs = asyncio.run(run_episodes(_engine(params), factory, TOK, ["0"], group_size=1, sampling=sampling,
+                                         key=jax.random.key(3), config=EPISODE))
+    finally:
+        srv.shutdown()
+    (t,), (report,) = trajs, factory.drain()
+    assert "<scenario>" in seen[0]["messages"][0]["content"] and "###TRANSFER###" in seen[0]["messages"][0]["content"]
+    assert report["messages"][0]["content"] == "I want to return my order #W2378156."
+    labels = [x for x in t.reaction_labels if x is not None]
+    texts = [m for m in report["messages"] if m["role"] == "assistant" and m["content"] and not m["tool_calls"]]
+    # one customer reply per agent text message; the last one (the stop) ends the episode unrendered
+    assert len(seen) == 1 + len(texts)
+    assert labels == (["reject"] if texts else [])
+    assert len(texts) >= 2  # this seed's random policy talks (no tool call) twice: the stop path runs
+    assert t.termination == "done" and report["termination"] == "user_stop"
+    assert report["score"]["details"]["stop_token"] == "###STOP###"
+    batch, _ = collate([t], multiple=256)
+    batch.check()
