@@ -171,16 +171,18 @@ class Tau2RetailEnv(Environment):
             return Step(tuple(out), info=self._info())
         if not message.content.strip():
             return await self._end("agent_error", ())
+        if self.steps >= self.limits.max_steps:  # the limit is checked after the agent's message too (tau2)
+            return await self._end("max_steps", ())
         before = getattr(self.customer, "retries", 0)
         turn = await self.customer.respond(message.content)
         retries = getattr(self.customer, "retries", 0) - before
         self.steps += 1
         self._record_customer(turn)
         reply = EnvMessage("user", turn.text, reaction=turn.label)
+        if self.steps >= self.limits.max_steps:  # tau2: the limit overrides a stop in the same step
+            return await self._end("max_steps", (reply,), stop=turn.stop, retries=retries)
         if turn.stop is not None:
             return await self._end("user_stop", (reply,), stop=turn.stop, retries=retries)
-        if self.steps >= self.limits.max_steps:
-            return await self._end("max_steps", (reply,), retries=retries)
         return Step((reply,), info=self._info(retries))
 
     def _info(self, retries: int = 0) -> dict[str, Any]:
@@ -195,7 +197,10 @@ class Tau2RetailEnv(Environment):
                 raise ValueError("scoring_mode='tau2' with NL assertions: expected a judge client (env.tau2.judge)")
             nl, judged = await scoring.judge_nl(self.judge, self.task, self.messages)
             details["judge"] = judged
-        self.result = scoring.score(self.task, final_db=self.db, messages=self.messages, termination=termination,
+        # tau2 scores the database rebuilt by re-executing the episode's writes (strict: each output
+        # must equal the recorded one); with deterministic tools it is the live one.
+        final = scoring.replay_db(self.task, self.calls, self.data_dir)
+        self.result = scoring.score(self.task, final_db=final, messages=self.messages, termination=termination,
                                     mode=self.scoring_mode, nl=nl, data_dir=self.data_dir, details=details)
         return Step(tuple(messages), reward=self.result.reward, done=True,
                     info=dict(self._info(retries), termination=termination))

@@ -85,6 +85,37 @@ def target_db(task: Task, data_dir: str | Path | None = None) -> dict:
     return db
 
 
+class ReplayMismatch(RuntimeError):
+    """Re-executing a recorded write gave another output than the episode recorded (tau2's strict
+    evaluation aborts on it)."""
+
+
+def _parsed(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def replay_db(task: Task, calls: Sequence[Mapping[str, Any]], data_dir: str | Path | None = None, *,
+              strict: bool = True) -> dict:
+    """tau2's predicted state (spec §4.3): a fresh `initial_db`, then every recorded call to a
+    mutating tool re-executed in order (unknown tools and reads skipped). Each call is a mapping
+    with ``name``, ``arguments`` and the recorded ``content``; in ``strict`` mode an output that
+    differs from the recorded one (both parsed as JSON when possible) raises `ReplayMismatch`."""
+    from jaxagent.envs.tau2_retail.tools import WRITE_TOOLS
+
+    db = initial_db(task, data_dir)
+    for i, c in enumerate(calls):
+        if c["name"] not in WRITE_TOOLS:
+            continue
+        res = execute(db, c["name"], c["arguments"])
+        if strict and "content" in c and _parsed(res.content) != _parsed(c["content"]):
+            raise ReplayMismatch(f"task {task.id!r}: call {i} ({c['name']}) re-executed to {res.content[:200]!r}; "
+                                 f"the episode recorded {str(c['content'])[:200]!r}")
+    return db
+
+
 _TARGET_HASHES: dict[tuple[str, str, str], str] = {}
 
 
@@ -232,6 +263,6 @@ def score(task: Task, *, final_db: Mapping[str, Any], messages: Sequence[Mapping
                  termination=termination, components=comps, details=dict(details or {}))
 
 
-__all__ = ["InitialStateError", "JUDGE_SYSTEM_PROMPT", "OFFLINE_BASIS", "SCORED_TERMINATIONS", "SCORING_MODES", "Score",
+__all__ = ["InitialStateError", "JUDGE_SYSTEM_PROMPT", "ReplayMismatch", "replay_db", "OFFLINE_BASIS", "SCORED_TERMINATIONS", "SCORING_MODES", "Score",
            "action_matches", "action_reward", "communicate_reward", "initial_db", "judge_messages", "judge_nl",
            "parse_verdicts", "score", "target_db", "target_hash", "transcript_lines"]
