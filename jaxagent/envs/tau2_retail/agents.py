@@ -203,7 +203,9 @@ class EndpointAgent:
         self.n_calls = 0
 
     def start(self, task: Task, reset: Reset) -> None:
-        self.history = [m.to_chat() for m in reset.messages]
+        # The reset messages reach the history through the first `act` (`play` passes them as the
+        # environment's first answer); copying them here too would send them twice.
+        self.history = []
         self.tools = list(reset.tools)
 
     async def act(self, messages: Sequence[EnvMessage]) -> AgentMessage:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -170,8 +171,7 @@ def render_instructions(task: Task) -> str:
     for label, f in (("Reason for call", "reason_for_call"), ("Known info", "known_info"),
                      ("Unknown info", "unknown_info"), ("Task instructions", "task_instructions")):
         if ins.get(f) is not None:
-            lines.append(f"{label}:")
-            lines.extend("\t" + s for s in str(ins[f]).splitlines() or [""])
+            lines.append(f"{label}:\n" + textwrap.indent(str(ins[f]), "\t"))
     return "\n".join(lines)
 
 
@@ -179,10 +179,9 @@ def render_scenario(task: Task) -> str:
     """``<scenario>`` block of the customer's system prompt: optional persona, then the instructions
     indented by one tab."""
     parts = []
-    if task.persona:
-        parts += ["Persona:", "\t" + task.persona]
-    parts.append("Instructions:")
-    parts += ["\t" + s for s in render_instructions(task).splitlines()]
+    if task.persona is not None:
+        parts += ["Persona:", textwrap.indent(task.persona, "\t")]
+    parts += ["Instructions:", textwrap.indent(render_instructions(task), "\t")]
     return "<scenario>\n" + "\n".join(parts) + "\n</scenario>"
 
 
