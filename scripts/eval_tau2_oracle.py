@@ -24,16 +24,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jaxagent.envs.tau2_retail.agents import OracleAgent, ScriptedAgent, broken_plans, play  # noqa: E402
-from jaxagent.envs.tau2_retail.env import Tau2RetailEnv, scripted_customers  # noqa: E402
-from jaxagent.envs.tau2_retail.tasks import load_task_set  # noqa: E402
+from jaxagent.envs.tau2_retail.agents import OracleAgent, ScriptedAgent, broken_plans, play
+from jaxagent.envs.tau2_retail.env import Tau2RetailEnv, scripted_customers
+from jaxagent.envs.tau2_retail.tasks import load_task_set
 
 
 async def run(data_dir: str | None) -> list[dict]:
     tasks = load_task_set(data_dir)
     rows = []
     for tid, task in tasks.items():
-        env = lambda: Tau2RetailEnv(tasks, customer=scripted_customers(), data_dir=data_dir)  # noqa: E731
+        env = lambda: Tau2RetailEnv(tasks, customer=scripted_customers(), data_dir=data_dir)
         rep = await play(env(), OracleAgent(), tid)
         rows.append(dict(_row(rep), agent="oracle"))
         for variant, turns in broken_plans(task, data_dir).items():

@@ -733,7 +733,9 @@ def test_tau2_scoring_with_a_judge_server(verdicts, reward):
     assert len(requests) == 1
     msgs = requests[0]["messages"]
     assert msgs[0] == {"role": "system", "content": scoring.JUDGE_SYSTEM_PROMPT}
-    assert msgs[1]["content"].startswith("Transcript:\nuser: " + first_person(task.instructions["reason_for_call"]))
+    # tau2's transcript opens with the fixed greeting, then the customer's first message
+    assert msgs[1]["content"].startswith("Transcript:\nassistant: Hi! How can I help you today?\nuser: "
+                                         + first_person(task.instructions["reason_for_call"]))
     assert "\nassistant: None\n" in msgs[1]["content"]
     assert msgs[1]["content"].endswith("Expected outcomes:\n" + "\n".join("- " + a for a in task.nl_assertions))
     s = rep["score"]
@@ -801,8 +803,10 @@ def test_endpoint_agent_plays_through_openai_tool_calls():
     assert tool == {"role": "tool", "content": "mia_garcia_4516", "name": "find_user_id_by_email",
                     "tool_call_id": "c_A"}
     # bad JSON arguments: no call runs, the agent gets an error tool message (it counts)
-    assert requests[2]["messages"][-1]["role"] == "tool"
-    assert requests[2]["messages"][-1]["content"].startswith("Error: the tool call could not be parsed (bad_arguments)")
+    asst, tool = requests[2]["messages"][-2:]
+    assert tool["role"] == "tool" and tool["tool_call_id"] == "c_B"  # servers reject a tool message without it
+    assert tool["content"].startswith("Error: the tool call could not be parsed (bad_arguments)")
+    assert asst["tool_calls"] == [_tool_call("c_B", "get_user_details", "{}")]
     assert [c["name"] for c in env.calls] == ["find_user_id_by_email", "transfer_to_human_agents"]
     assert env.errors == 1
     assert requests[3]["messages"][-1] == {"role": "tool", "content": "Transfer successful",

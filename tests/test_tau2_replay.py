@@ -55,7 +55,7 @@ def _items(draw, order):
 def call(draw):
     p = pools()
     name = draw(st.sampled_from(sorted(WRITE_TOOLS) + ["get_order_details", "get_user_details", "calculate"]))
-    pick = lambda k: draw(st.sampled_from(p[k]))  # noqa: E731
+    pick = lambda k: draw(st.sampled_from(p[k]))
     addr = {"address1": draw(st.sampled_from(["1 Main St", "22 Oak Ave"])), "address2": "", "city": "Austin",
             "state": "TX", "country": "USA", "zip": draw(st.sampled_from(["78701", "10001"]))}
     if name == "cancel_pending_order":

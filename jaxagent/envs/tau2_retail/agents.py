@@ -217,7 +217,7 @@ class EndpointAgent:
                 chat["tool_call_id"] = ids.pop(0)
             self.history.append(chat)
         reply, _, _ = await self.client.chat(self.history, extra={"tools": self.tools}, require_content=False)
-        calls, errors, wire = [], [], []
+        calls, errors, wire, bad_wire = [], [], [], []
         for c in reply.get("tool_calls") or ():
             fn = c.get("function") or {}
             raw = fn.get("arguments", "{}")
@@ -225,13 +225,19 @@ class EndpointAgent:
                 args = json.loads(raw) if isinstance(raw, str) else raw
             except json.JSONDecodeError:
                 args = None
-            if not isinstance(fn.get("name"), str) or not isinstance(args, dict):
-                errors.append("bad_arguments")
-                continue
             self.n_calls += 1
-            calls.append(ToolCall(fn["name"], args))
+            name = fn.get("name") if isinstance(fn.get("name"), str) else "unknown"
+            if name == "unknown" or not isinstance(args, dict):
+                # The environment answers it with an error tool message after the good calls' results;
+                # it goes back to the server as a call (arguments "{}": servers parse them) with its id.
+                errors.append("bad_arguments")
+                bad_wire.append({"id": c.get("id") or f"call_{self.n_calls}", "type": "function",
+                                 "function": {"name": name, "arguments": "{}"}})
+                continue
+            calls.append(ToolCall(name, args))
             wire.append({"id": c.get("id") or f"call_{self.n_calls}", "type": "function",
-                         "function": {"name": fn["name"], "arguments": json.dumps(args)}})
+                         "function": {"name": name, "arguments": json.dumps(args)}})
+        wire += bad_wire
         content = reply.get("content") or ""
         self.history.append({"role": "assistant", "content": content or None, **({"tool_calls": wire} if wire else {})})
         return AgentMessage(content, tuple(calls), tuple(errors))

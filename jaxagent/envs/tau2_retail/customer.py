@@ -31,7 +31,8 @@ deterministic stand-in, not a claim of realism. What it does:
 What it cannot do: understand paraphrase (it matches keywords and literal values), describe
 items other than by repeating its scenario, follow the scenario's conditional instructions ("if
 the agent asks to confirm, you regret"), or play the personality notes; it knows the gold
-actions, which no real customer does. Scores against it measure tool use and protocol, not
+actions, which no real customer does. On a task whose goal is to change nothing, with nothing to
+communicate and no lookup to require (train task 57), it is satisfied by the agent's first message. Scores against it measure tool use and protocol, not
 dialogue skill.
 """
 
@@ -327,6 +328,23 @@ class LLMCustomer:
 
 CustomerFactory = Callable[[Task, EpisodeView], Customer]
 
-__all__ = ["AUTH_TOOLS", "CUSTOMER_PROMPT", "Customer", "CustomerFactory", "CustomerTurn", "EpisodeView", "GREETING",
-           "Identity", "LLMCustomer", "OUT_OF_SCOPE", "STOP", "STOP_TOKENS", "ScriptedCustomer", "TRANSFER",
-           "customer_config", "first_person", "identity_of", "names_every_value"]
+__all__ = [
+    "AUTH_TOOLS",
+    "CUSTOMER_PROMPT",
+    "GREETING",
+    "OUT_OF_SCOPE",
+    "STOP",
+    "STOP_TOKENS",
+    "TRANSFER",
+    "Customer",
+    "CustomerFactory",
+    "CustomerTurn",
+    "EpisodeView",
+    "Identity",
+    "LLMCustomer",
+    "ScriptedCustomer",
+    "customer_config",
+    "first_person",
+    "identity_of",
+    "names_every_value",
+]

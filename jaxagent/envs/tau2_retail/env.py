@@ -31,9 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxagent.envs.base import AgentMessage, EnvMessage, Environment, Reset, Step
+from jaxagent.envs.base import AgentMessage, Environment, EnvMessage, Reset, Step
 from jaxagent.envs.tau2_retail import scoring
-from jaxagent.envs.tau2_retail.customer import (Customer, CustomerTurn, LLMCustomer, ScriptedCustomer)
+from jaxagent.envs.tau2_retail.customer import GREETING, Customer, CustomerTurn, LLMCustomer, ScriptedCustomer
 from jaxagent.envs.tau2_retail.db import db_hash, load_policy
 from jaxagent.envs.tau2_retail.tasks import Task
 from jaxagent.envs.tau2_retail.tools import WRITE_TOOLS, execute, tool_schemas
@@ -195,7 +195,8 @@ class Tau2RetailEnv(Environment):
         if self.scoring_mode == "tau2" and "NL_ASSERTION" in self.task.reward_basis and self.task.nl_assertions:
             if self.judge is None:
                 raise ValueError("scoring_mode='tau2' with NL assertions: expected a judge client (env.tau2.judge)")
-            nl, judged = await scoring.judge_nl(self.judge, self.task, self.messages)
+            greeting = {"role": "assistant", "content": GREETING}  # tau2's transcript opens with it
+            nl, judged = await scoring.judge_nl(self.judge, self.task, [greeting, *self.messages])
             details["judge"] = judged
         # tau2 scores the database rebuilt by re-executing the episode's writes (strict: each output
         # must equal the recorded one); with deterministic tools it is the live one.

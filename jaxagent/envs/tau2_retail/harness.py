@@ -169,4 +169,4 @@ def run_host_eval(cfg) -> dict[str, Any]:
     return summary
 
 
-__all__ = ["EnvFactory", "SCORING_NOTE", "evaluate_host", "run_host_eval", "summarize", "write_reports"]
+__all__ = ["SCORING_NOTE", "EnvFactory", "evaluate_host", "run_host_eval", "summarize", "write_reports"]

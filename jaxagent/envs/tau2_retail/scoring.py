@@ -263,6 +263,24 @@ def score(task: Task, *, final_db: Mapping[str, Any], messages: Sequence[Mapping
                  termination=termination, components=comps, details=dict(details or {}))
 
 
-__all__ = ["InitialStateError", "JUDGE_SYSTEM_PROMPT", "ReplayMismatch", "replay_db", "OFFLINE_BASIS", "SCORED_TERMINATIONS", "SCORING_MODES", "Score",
-           "action_matches", "action_reward", "communicate_reward", "initial_db", "judge_messages", "judge_nl",
-           "parse_verdicts", "score", "target_db", "target_hash", "transcript_lines"]
+__all__ = [
+    "JUDGE_SYSTEM_PROMPT",
+    "OFFLINE_BASIS",
+    "SCORED_TERMINATIONS",
+    "SCORING_MODES",
+    "InitialStateError",
+    "ReplayMismatch",
+    "Score",
+    "action_matches",
+    "action_reward",
+    "communicate_reward",
+    "initial_db",
+    "judge_messages",
+    "judge_nl",
+    "parse_verdicts",
+    "replay_db",
+    "score",
+    "target_db",
+    "target_hash",
+    "transcript_lines",
+]

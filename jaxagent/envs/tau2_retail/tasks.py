@@ -185,5 +185,16 @@ def render_scenario(task: Task) -> str:
     return "<scenario>\n" + "\n".join(parts) + "\n</scenario>"
 
 
-__all__ = ["Action", "INSTRUCTION_FIELDS", "REWARD_COMPONENTS", "TASK_FILES", "Task", "TaskError", "load_task_set",
-           "parse_task", "render_instructions", "render_scenario", "select_tasks"]
+__all__ = [
+    "INSTRUCTION_FIELDS",
+    "REWARD_COMPONENTS",
+    "TASK_FILES",
+    "Action",
+    "Task",
+    "TaskError",
+    "load_task_set",
+    "parse_task",
+    "render_instructions",
+    "render_scenario",
+    "select_tasks",
+]
