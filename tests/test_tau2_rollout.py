@@ -227,3 +227,27 @@ def test_tiny_model_against_the_llm_customer_over_http():
     assert report["score"]["details"]["stop_token"] == "###STOP###"
     batch, _ = collate([t], multiple=256)
     batch.check()
+
+
+def test_launch_eval_with_a_local_checkpoint(tmp_path):
+    """job=eval env=tau2_retail with model.path: the checkpoint plays through the engine, the run
+    directory gets the per-episode reports and the summary the tau2 figures."""
+    import shutil
+
+    from jaxagent.models import save_pretrained
+
+    ckpt = tmp_path / "ckpt"
+    save_pretrained(ckpt, CFG, init_params(jax.random.key(0), CFG))
+    for f in (FIXTURES / "tokenizer_qwen").iterdir():
+        shutil.copy2(f, ckpt / f.name)
+    assert main(["job=eval", "env=tau2_retail", f"model.path={ckpt}", f"tokenizer={ckpt}", "env.tau2.tasks=0:2",
+                 "eval.tasks=2", f"rollout.capacity={CAP}", f"rollout.max_tokens={CAP}", "rollout.max_turns=2",
+                 "rollout.max_new_tokens=8", "rollout.slots=2", f"runs_dir={tmp_path}", "name=local",
+                 "progress=false", "checkpoint.export_hf=false"]) == 0
+    run = tmp_path / "local"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["env"] == "tau2_retail" and summary["eval_tasks"] == 2 and summary["success_before"] == 0.0
+    rows = [json.loads(line) for line in (run / "episodes_before_0.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in rows) == ["0", "1"]
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert evals[0]["tau2/scoring_mode"] == "offline" and evals[0]["tau2/db"] in (0.0, 0.5, 1.0)
