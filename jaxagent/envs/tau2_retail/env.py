@@ -101,7 +101,7 @@ class Tau2RetailEnv(Environment):
         """The live database's hash, recomputed only after a successful write (reads and failed
         writes change nothing)."""
         writes = len(self.successful_writes())
-        if self._hash is None or self._hash[0] != writes:
+        if (self._hash is None or self._hash[0] != writes) and self.db:
             self._hash = (writes, db_hash(self.db))
         return self._hash[1]
 
@@ -214,11 +214,16 @@ class Tau2RetailEnv(Environment):
         return {"task_id": self.task.id if self.task else None, "seed": self.seed,
                 "termination": self.termination or "unfinished",
                 "score": self.result.to_dict() if self.result else None,
-                "db_hash": self.db_hash() if self.db else None, "messages": self.messages}
+                "db_hash": self.db_hash() if self.task else None, "messages": self.messages}
 
     async def aclose(self) -> None:
+        """Ends the episode's resources: the customer, and the database copy (~6 MB; an evaluation
+        keeps its environments for their reports), whose hash stays in `db_hash` and `report`."""
         if self.customer is not None:
             await self.customer.aclose()
+        if self.db:
+            self.db_hash()
+            self.db = {}
 
 
 __all__ = ["AGENT_INSTRUCTION", "EpisodeLimits", "Tau2RetailEnv", "llm_customers", "scripted_customers",
