@@ -262,6 +262,9 @@ def test_action_matches_semantics():
     assert not am("cancel_pending_order", gold, ["reason"], "cancel_pending_order", {"order_id": "#W1"})
     assert am("transfer_to_human_agents", {"summary": "a"}, [], "transfer_to_human_agents", {"summary": "b"})
     assert not am("transfer_to_human_agents", {"summary": "a"}, [], "calculate", {})
+    # a compared key absent from both the gold action and the call compares equal (tau2 filters both dicts)
+    assert am("cancel_pending_order", gold, ["order_id", "note"], "cancel_pending_order", {"order_id": "#W1"})
+    assert not am("cancel_pending_order", gold, ["note"], "cancel_pending_order", {"note": "x"})
     items = {"order_id": "#W1", "item_ids": ["1", "2"]}
     assert not am("x", items, None, "x", {"order_id": "#W1", "item_ids": ["2", "1"]})  # list order matters
     t = _task(actions=(TASKS["10"].actions[-1],))
@@ -813,3 +816,118 @@ def test_endpoint_agent_plays_through_openai_tool_calls():
                                            "name": "transfer_to_human_agents", "tool_call_id": "c_C"}
     assert all("reaction" not in m for r in requests for m in r["messages"])  # labels stay private
     assert rep["messages"][-1] == {"role": "user", "content": TRANSFER, "reaction": "accept"}
+
+
+# ============================================================================ failures: retried, counted, contained
+class FlakyCustomer:
+    """A ScriptedCustomer whose first ``respond`` (or ``opening``) raises (or hangs past a timeout)."""
+
+    def __init__(self, task, view, mode="raise"):
+        self.inner, self.mode, self.failed = ScriptedCustomer(task, view), mode, False
+        self.heard = []
+
+    async def opening(self):
+        return await self.inner.opening()
+
+    async def respond(self, text):
+        if not self.failed:
+            self.failed = True
+            if self.mode == "hang":
+                await asyncio.sleep(10)
+            raise ConnectionError("injected customer failure")
+        self.heard.append(text)
+        return await self.inner.respond(text)
+
+    async def aclose(self):
+        return None
+
+
+@pytest.mark.parametrize("mode", ["raise", "hang"])
+def test_a_retried_step_after_a_customer_failure_commits_once(mode):
+    from jaxagent.rollout.loop import EpisodeConfig, _call
+
+    customers = []
+
+    def make(task, view):
+        customers.append(FlakyCustomer(task, view, mode))
+        return customers[-1]
+
+    env = Tau2RetailEnv(TASKS, customer=make)
+    counters = {"simulator_errors": 0}
+
+    async def main():
+        await env.reset("0", 0)
+        msg = AgentMessage("What is your email address?")
+        return await _call(lambda: env.step(msg), EpisodeConfig(retries=2, timeout_s=0.5), counters)
+
+    step = run(main())
+    assert counters["simulator_errors"] == 1 and step is not None and not step.done
+    assert env.steps == 3  # the opening, the agent's message, the customer's reply: each once
+    assert [m["role"] for m in env.messages] == ["user", "assistant", "user"]
+    assert customers[0].heard == ["What is your email address?"]
+
+
+def test_an_llm_customer_failure_leaves_its_conversation_unchanged():
+    from jaxagent.envs.llm_user import SimulatorError
+    from jaxagent.envs.tau2_retail.customer import LLMCustomer, customer_config
+
+    with serve(["not used"]) as (_, url):
+        pass  # the server is gone: every request fails
+    cust = LLMCustomer(LLMUserClient(customer_config(_config(url))), TASKS["0"])
+    with pytest.raises(SimulatorError):
+        run(cust.respond("hello"))
+    assert cust.conversation == []  # a retry sends "hello" once, not twice
+
+
+def test_a_judge_failure_is_retried_and_the_ending_resumes():
+    task = TASKS["19"]
+    verdict = json.dumps({"results": [{"expectedOutcome": a, "reasoning": "ok", "metExpectation": True}
+                                      for a in task.nl_assertions]})
+    with serve([{"role": "assistant", "content": None}, verdict]) as (requests, url):  # 1st: unusable body
+        async def main():
+            async with LLMUserClient(_config(url)) as judge:
+                env = Tau2RetailEnv(TASKS, customer=scripted_customers(), scoring_mode="tau2", judge=judge)
+                agent = OracleAgent()
+                reset = await env.reset("19", 0)
+                agent.start(env.task, reset)
+                msgs, failures = reset.messages, 0
+                while True:
+                    msg = await agent.act(msgs)
+                    while True:
+                        try:
+                            step = await env.step(msg)
+                            break
+                        except Exception:  # noqa: BLE001 - the loop's retry
+                            failures += 1
+                    if step.done:
+                        return env, step, failures
+                    msgs = step.messages
+
+        env, step, failures = run(main())
+    assert failures == 1 and len(requests) == 2
+    assert env.termination == "user_stop" and step.reward == 1.0 and env.result.components["NL_ASSERTION"] == 1.0
+    assert sum(m["role"] == "user" for m in env.messages) == sum(m["role"] == "user" for m in env.report()["messages"])
+
+
+def test_evaluate_host_contains_a_failing_reset(monkeypatch):
+    from jaxagent.config import Tau2Section
+    from jaxagent.envs.tau2_retail import env as env_module
+    from jaxagent.envs.tau2_retail.harness import EnvFactory, evaluate_host
+
+    real = env_module.scoring.initial_db
+    calls = []
+
+    def flaky_initial_db(task, data_dir=None):
+        calls.append(task.id)
+        if task.id == "1":
+            raise OSError("disk gone")
+        return real(task, data_dir)
+
+    monkeypatch.setattr(env_module.scoring, "initial_db", flaky_initial_db)
+    factory = EnvFactory(Tau2Section(tasks="0,1,2"))
+    factory.record = False
+    reports = run(evaluate_host(factory, OracleAgent, k=1, concurrency=2))
+    by = {r["task_id"]: r for r in reports}
+    assert set(by) == {"0", "1", "2"}
+    assert by["1"]["termination"] == "simulator_failure" and "disk gone" in by["1"]["error"]
+    assert by["0"]["score"]["reward"] == 1.0 and by["2"]["score"]["reward"] == 1.0

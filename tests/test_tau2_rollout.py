@@ -249,5 +249,7 @@ def test_launch_eval_with_a_local_checkpoint(tmp_path):
     assert summary["env"] == "tau2_retail" and summary["eval_tasks"] == 2 and summary["success_before"] == 0.0
     rows = [json.loads(line) for line in (run / "episodes_before_0.jsonl").read_text().splitlines()]
     assert sorted(r["task_id"] for r in rows) == ["0", "1"]
+    assert all(r["rollout_termination"] in ("done", "max_turns", "max_tokens") for r in rows)
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert evals[0]["tau2/scoring_mode"] == "offline" and evals[0]["tau2/db"] in (0.0, 0.5, 1.0)
+    # both tasks need a write (an exchange) that a random 8-token policy does not make
+    assert evals[0]["tau2/scoring_mode"] == "offline" and evals[0]["tau2/db"] == 0.0

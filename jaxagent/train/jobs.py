@@ -21,6 +21,7 @@ Determinism: every random draw of step i (SFT batch, RL tasks, sampling keys) de
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import shutil
@@ -297,7 +298,7 @@ def run_eval(run: Run, params, label: str, step: int) -> dict[str, Any]:
     if recorder is not None:
         run.make_env.record = True
     try:
-        m, _ = evaluate(params, run.engine, run.make_env, run.tok, tasks, k=cfg.eval.k,
+        m, trajs = evaluate(params, run.engine, run.make_env, run.tok, tasks, k=cfg.eval.k,
                         sampling=sampling_params(cfg, run.tok, temperature=cfg.eval.temperature),
                         key=step_key(cfg.seed, "eval", step), episode=episode_config(cfg),
                         success_threshold=cfg.rl.success_threshold)
@@ -308,6 +309,9 @@ def run_eval(run: Run, params, label: str, step: int) -> dict[str, Any]:
         from jaxagent.envs.tau2_retail.harness import summarize, write_reports
 
         reports = recorder()
+        if len(reports) == len(trajs):  # both in episode-creation order (task-major, then the k runs)
+            for r, t in zip(reports, trajs):
+                r["rollout_termination"] = t.termination  # e.g. max_turns, simulator_failure
         write_reports(run.run_dir / f"episodes_{label}_{step}.jsonl", reports)
         t2 = summarize(reports, scoring_mode=cfg.env.tau2.scoring, k=cfg.eval.k)
         m.update({f"tau2/{k}": v for k, v in t2.items() if k in ("db", "communicate", "pass_at_k", "scoring_mode")})
@@ -462,6 +466,9 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
         "wall_seconds": time.perf_counter() - t0, "devices": [str(d) for d in jax.devices()],
     }
     run.log.close()
+    closer = getattr(run.make_env, "aclose", None)  # tau2 retail: the customer / judge HTTP clients
+    if closer is not None:
+        asyncio.run(closer())
     from jaxagent.train import report
 
     metrics = report.read_metrics(run.run_dir / "metrics.jsonl")

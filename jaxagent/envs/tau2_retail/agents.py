@@ -248,11 +248,11 @@ class EndpointAgent:
 
 async def play(env, agent, task_id: str, seed: int = 0, *, max_turns: int = 200) -> dict[str, Any]:
     """One episode of a host agent against ``env``; returns ``env.report()`` (plus ``agent_turns``)."""
-    reset = await env.reset(task_id, seed)
-    agent.start(env.task, reset)
-    messages: Sequence[EnvMessage] = reset.messages
     turns = 0
     try:
+        reset = await env.reset(task_id, seed)
+        agent.start(env.task, reset)
+        messages: Sequence[EnvMessage] = reset.messages
         for turns in range(1, max_turns + 1):
             step = await env.step(await agent.act(messages))
             if step.done:

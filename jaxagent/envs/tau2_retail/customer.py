@@ -209,10 +209,11 @@ class ScriptedCustomer:
     def _transfers(self) -> int:
         return sum(n == "transfer_to_human_agents" for n, _ in self.view.successful_calls())
 
-    def goal_met(self) -> bool:
+    def goal_met(self, agent_text: str = "") -> bool:
+        """The goal holds, counting ``agent_text`` (the message being answered) among what was said."""
         from jaxagent.envs.tau2_retail.scoring import communicate_reward
 
-        return (self.view.goal_db_reached() and communicate_reward(self.task, self.view.assistant_texts()) == 1.0
+        return (self.view.goal_db_reached() and communicate_reward(self.task, [*self.view.assistant_texts(), agent_text]) == 1.0
                 and (self._authenticated() or not self.needs_auth) and (self._transfers() > 0 or not self.needs_transfer))
 
     # -- the reply
@@ -233,7 +234,7 @@ class ScriptedCustomer:
             return CustomerTurn(TRANSFER, "accept" if self.needs_transfer else "complain", TRANSFER)
         if self.view.unexpected_writes():
             return CustomerTurn("That is not what I asked for. " + STOP, "complain", STOP)
-        if self.goal_met():
+        if self.goal_met(agent_text):
             return CustomerTurn("Thank you, that is all I needed. " + STOP, "accept", STOP)
         pending = self.view.pending_writes()
         if _PROPOSAL.search(agent_text) and (_ORDER.search(agent_text) or _ACTION_WORDS.search(agent_text)):
@@ -320,7 +321,11 @@ class LLMCustomer:
 
     async def respond(self, agent_text: str) -> CustomerTurn:
         self.conversation.append({"role": "assistant", "content": agent_text})
-        return await self._turn()
+        try:
+            return await self._turn()
+        except BaseException:  # failed or cancelled: the caller may retry with the same text
+            self.conversation.pop()
+            raise
 
     async def aclose(self) -> None:
         return None  # the shared client is closed by its owner

@@ -19,6 +19,10 @@
   the environment), ``too_many_errors`` (``max_errors`` tool messages with error=true),
   ``agent_error``. Only ``user_stop`` is scored (`scoring.score`); the reward comes with the
   final step and from `outcome_reward`, the whole report from `report`.
+- **Retries**: `step` commits nothing before the customer's reply arrives, and an ending whose
+  scoring failed (the judge's HTTP call) resumes on the next call, so the rollout loop may retry a
+  failed or timed-out step with the same message; a failure after the retries is the loop's
+  ``simulator_failure``.
 - **Not modelled**: tau2's fixed assistant greeting opens the customer's side of the conversation
   (the customer answers it) but is not put in the agent's token stream (environments here speak
   as system, user or tool).
@@ -26,6 +30,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -95,15 +100,16 @@ class Tau2RetailEnv(Environment):
         self.result: scoring.Score | None = None
         self.seed = 0
         self._hash: tuple[int, str] | None = None
+        self._ending: tuple | None = None  # an ending whose scoring has not completed
 
     # -- the customer's view (EpisodeView)
-    def db_hash(self) -> str:
+    def db_hash(self) -> str | None:
         """The live database's hash, recomputed only after a successful write (reads and failed
         writes change nothing)."""
         writes = len(self.successful_writes())
         if (self._hash is None or self._hash[0] != writes) and self.db:
             self._hash = (writes, db_hash(self.db))
-        return self._hash[1]
+        return self._hash[1] if self._hash is not None else None
 
     def goal_db_reached(self) -> bool:
         return self.db_hash() == scoring.target_hash(self.task, self.data_dir)
@@ -130,10 +136,10 @@ class Tau2RetailEnv(Environment):
         if task_id not in self.tasks:
             raise KeyError(f"task_id={task_id!r}: not among the {len(self.tasks)} tau2 retail tasks of this environment")
         self.task, self.seed = self.tasks[task_id], seed
-        self.db = scoring.initial_db(self.task, self.data_dir)
+        self.db = await asyncio.to_thread(scoring.initial_db, self.task, self.data_dir)
         self.messages, self.calls = [], []
         self.steps = self.errors = 0
-        self.termination, self.result, self._hash = None, None, None
+        self.termination, self.result, self._hash, self._ending = None, None, None, None
         self.customer = self.make_customer(self.task, self)
         first = await self.customer.opening()
         self.steps += 1
@@ -145,14 +151,21 @@ class Tau2RetailEnv(Environment):
         self.messages.append({"role": "user", "content": turn.text, "reaction": turn.label})
 
     async def step(self, message: AgentMessage) -> Step:
+        """Answers one agent message (see the module docstring). Safe to call again with the same
+        message after it raised or was cancelled (the rollout loop retries a failed simulator call):
+        nothing is committed before the customer's reply arrives, and an ending whose scoring failed
+        (the judge's HTTP call) resumes where it stopped."""
+        if self._ending is not None:
+            return await self._finish(*self._ending)
         if self.task is None or self.termination is not None:
             raise RuntimeError("Tau2RetailEnv.step: no episode in progress; expected reset() first")
-        self.steps += 1
         calls = [{"name": c.name, "arguments": c.arguments} for c in message.tool_calls]
-        self.messages.append({"role": "assistant", "content": message.content or None, "tool_calls": calls})
-        if message.tool_calls or message.call_errors:
+        agent = {"role": "assistant", "content": message.content or None, "tool_calls": calls}
+        if message.tool_calls or message.call_errors:  # no await before the commit: never half done
+            self.steps += 1
+            self.messages.append(agent)
             out = []
-            for i, call in enumerate(message.tool_calls):
+            for call in message.tool_calls:
                 res = execute(self.db, call.name, call.arguments)
                 self.calls.append({"name": call.name, "arguments": call.arguments, "error": res.error,
                                    "content": res.content})
@@ -170,13 +183,18 @@ class Tau2RetailEnv(Environment):
                 return await self._end("max_steps", out)
             return Step(tuple(out), info=self._info())
         if not message.content.strip():
+            self.steps += 1
+            self.messages.append(agent)
             return await self._end("agent_error", ())
-        if self.steps >= self.limits.max_steps:  # the limit is checked after the agent's message too (tau2)
+        if self.steps + 1 >= self.limits.max_steps:  # the limit is checked after the agent's message too (tau2)
+            self.steps += 1
+            self.messages.append(agent)
             return await self._end("max_steps", ())
         before = getattr(self.customer, "retries", 0)
-        turn = await self.customer.respond(message.content)
+        turn = await self.customer.respond(message.content)  # may raise: nothing committed yet
         retries = getattr(self.customer, "retries", 0) - before
-        self.steps += 1
+        self.steps += 2
+        self.messages.append(agent)
         self._record_customer(turn)
         reply = EnvMessage("user", turn.text, reaction=turn.label)
         if self.steps >= self.limits.max_steps:  # tau2: the limit overrides a stop in the same step
@@ -190,7 +208,11 @@ class Tau2RetailEnv(Environment):
 
     async def _end(self, termination: str, messages: Sequence[EnvMessage], stop: str | None = None,
                    retries: int = 0) -> Step:
-        self.termination = termination
+        self._ending = (termination, tuple(messages), stop, retries)
+        return await self._finish(*self._ending)
+
+    async def _finish(self, termination: str, messages: tuple[EnvMessage, ...], stop: str | None,
+                      retries: int) -> Step:
         nl, details = None, {"stop_token": stop, "steps": self.steps, "tool_errors": self.errors}
         if self.scoring_mode == "tau2" and "NL_ASSERTION" in self.task.reward_basis and self.task.nl_assertions:
             if self.judge is None:
@@ -199,11 +221,13 @@ class Tau2RetailEnv(Environment):
             nl, judged = await scoring.judge_nl(self.judge, self.task, [greeting, *self.messages])
             details["judge"] = judged
         # tau2 scores the database rebuilt by re-executing the episode's writes (strict: each output
-        # must equal the recorded one); with deterministic tools it is the live one.
-        final = scoring.replay_db(self.task, self.calls, self.data_dir)
+        # must equal the recorded one); with deterministic tools it is the live one. Off the event
+        # loop's thread: the engine keeps decoding meanwhile.
+        final = await asyncio.to_thread(scoring.replay_db, self.task, self.calls, self.data_dir)
         self.result = scoring.score(self.task, final_db=final, messages=self.messages, termination=termination,
                                     mode=self.scoring_mode, nl=nl, data_dir=self.data_dir, details=details)
-        return Step(tuple(messages), reward=self.result.reward, done=True,
+        self.termination, self._ending = termination, None
+        return Step(messages, reward=self.result.reward, done=True,
                     info=dict(self._info(retries), termination=termination))
 
     def outcome_reward(self) -> float:

@@ -3,7 +3,9 @@
     python -m jaxagent.launch job=eval env=tau2_retail agent=oracle                 # the gold-action oracle
     python -m jaxagent.launch job=eval env=tau2_retail agent=endpoint \\
         eval.endpoint.base_url=http://127.0.0.1:8000/v1 eval.endpoint.model=Qwen/Qwen2.5-7B-Instruct eval.k=4
-    python -m jaxagent.launch job=eval env=tau2_retail model.path=ckpt tokenizer=ckpt     # a local checkpoint
+    python -m jaxagent.launch job=eval env=tau2_retail model.path=ckpt tokenizer=ckpt eval.tasks=74 \
+        rollout.tool_schemas_in_prompt=true rollout.capacity=16384 rollout.max_tokens=16384 \
+        rollout.max_turns=60 rollout.max_new_tokens=512                            # a local checkpoint
 
 `EnvFactory` builds one `Tau2RetailEnv` per episode from the ``env.tau2`` section (customer,
 scoring mode, judge, limits) and keeps them, so that after a run `EnvFactory.drain` gives every
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -105,8 +108,7 @@ def write_reports(path: Path, reports: Sequence[Mapping[str, Any]]) -> None:
     """One JSON line per episode (transcripts included)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
-        for r in reports:
-            f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
+        f.writelines(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in reports)
 
 
 async def evaluate_host(factory: EnvFactory, make_agent, *, k: int, concurrency: int,
@@ -124,7 +126,11 @@ async def evaluate_host(factory: EnvFactory, make_agent, *, k: int, concurrency:
             try:
                 return await play(env, agent, tid, seed, max_turns=max_turns)
             except Exception as e:  # noqa: BLE001 - counted, the evaluation goes on
-                return dict(env.report(), task_id=tid, seed=seed, termination="simulator_failure",
+                try:
+                    partial = env.report()
+                except Exception:  # noqa: BLE001 - a report of a half-reset episode
+                    partial = {"messages": []}
+                return dict(partial, task_id=tid, seed=seed, termination="simulator_failure",
                             score={"reward": 0.0, "components": {}, "scoring_mode": factory.section.scoring},
                             error=f"{type(e).__name__}: {e}"[:500])
             finally:
@@ -147,7 +153,10 @@ def run_host_eval(cfg) -> dict[str, Any]:
 
     async def main():
         factory = EnvFactory(cfg.env.tau2)
-        client = LLMUserClient(cfg.eval.endpoint) if cfg.eval.agent == "endpoint" else None
+        factory.record = False  # the reports come back from `play`
+        # the agent samples at eval.temperature, as the local policy does
+        endpoint = dataclasses.replace(cfg.eval.endpoint, temperature=cfg.eval.temperature) if cfg.eval.endpoint else None
+        client = LLMUserClient(endpoint) if cfg.eval.agent == "endpoint" else None
         make_agent = (lambda: EndpointAgent(client)) if client is not None else OracleAgent
         try:
             return await evaluate_host(factory, make_agent, k=cfg.eval.k, concurrency=cfg.eval.concurrency,
@@ -160,7 +169,7 @@ def run_host_eval(cfg) -> dict[str, Any]:
     reports = asyncio.run(main())
     write_reports(run_dir / "episodes.jsonl", reports)
     summary = {"name": cfg.name, "job": "eval", "env": "tau2_retail", "agent": cfg.eval.agent,
-               "customer": cfg.env.tau2.customer,
+               "customer": cfg.env.tau2.customer, "agent_temperature": cfg.eval.temperature,
                **summarize(reports, scoring_mode=cfg.env.tau2.scoring, k=cfg.eval.k),
                "wall_seconds": time.perf_counter() - t0}
     summary["success_before"] = summary["success_after"] = summary["success"]

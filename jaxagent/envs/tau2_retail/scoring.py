@@ -140,12 +140,13 @@ def communicate_reward(task: Task, assistant_texts: Iterable[str]) -> float:
 
 def action_matches(gold_name: str, gold_args: Mapping[str, Any], compare_args: Sequence[str] | None,
                    name: str, args: Mapping[str, Any]) -> bool:
-    """tau2's action match: same name, equal values on the compared keys (None: the keys of the
-    episode's call, so an extra key there fails the match)."""
+    """tau2's action match: same name, and the two argument dicts restricted to the compared keys
+    are equal (None: the keys of the episode's call, so an extra key there fails the match; a key
+    absent from both compares equal)."""
     if name != gold_name or not isinstance(args, Mapping):
         return False
-    keys = list(args) if compare_args is None else list(compare_args)
-    return all(k in gold_args and k in args and args[k] == gold_args[k] for k in keys)
+    keys = set(args) if compare_args is None else set(compare_args)
+    return {k: v for k, v in gold_args.items() if k in keys} == {k: v for k, v in args.items() if k in keys}
 
 
 def action_reward(task: Task, calls: Iterable[tuple[str, Mapping[str, Any]]]) -> float:
