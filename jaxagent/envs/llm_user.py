@@ -542,9 +542,10 @@ class LLMUserClient:
         self._http: httpx.AsyncClient | None = None
         self._semaphore: asyncio.Semaphore | None = None
 
-    def _bind(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+    async def _bind(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._http is None:
+            await self._drop_http()
             c = self.config
             self._http = httpx.AsyncClient(
                 timeout=httpx.Timeout(c.read_timeout_s, connect=c.connect_timeout_s,
@@ -569,11 +570,19 @@ class LLMUserClient:
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
 
+    async def _drop_http(self) -> None:
+        """Closes the current connection pool; one made in an event loop that has ended can only
+        be dropped (its sockets went with the loop), so a failure to close it is ignored."""
+        http, self._http, self._semaphore, self._loop = self._http, None, None, None
+        if http is not None:
+            try:
+                await http.aclose()
+            except Exception:  # noqa: BLE001 - the old loop's transports are gone already
+                logger.debug("user simulator: dropped an HTTP pool of an ended event loop")
+
     async def aclose(self) -> None:
         self._closed = True
-        if self._http is not None and self._loop is asyncio.get_running_loop():
-            await self._http.aclose()
-        self._http = self._semaphore = self._loop = None
+        await self._drop_http()
 
     def build_messages(self, conversation: Sequence[Mapping[str, Any]], profile: Mapping[str, Any]
                        ) -> list[dict[str, str]]:
@@ -642,7 +651,7 @@ class LLMUserClient:
         c = self.config
         if self._closed:
             raise RuntimeError("LLMUserClient: the client is closed; expected an open client")
-        http, semaphore = self._bind()
+        http, semaphore = await self._bind()
         payload: dict[str, Any] = {"model": c.model, "messages": list(messages), "temperature": c.temperature,
                                    "stream": False}
         if c.max_tokens is not None:
