@@ -147,7 +147,7 @@ class RolloutSection:
 class SFTSection:
     steps: int = _help(600, "SFT updates (jobs sft and sft+rl)")
     batch_size: int = 16
-    demos: int = _help(512, "expert demonstrations on train tasks")
+    demos: int = _help(512, "expert demonstrations on train tasks (tau2_retail: the oracle's, one per task)")
     noise: float = _help(0.05, "share of demo turns taken by the random policy (not trained on)")
     demo_policy: Literal["expert", "imitable"] = _help(
         "imitable", "expert: the gym's (possibly privileged) expert; imitable: one that uses only what the agent sees")
@@ -231,9 +231,9 @@ class RunConfig:
             raise ValueError(f"steps={self.steps}: expected >= 0")
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ValueError(f"name={self.name!r}: expected a directory name (no '/')")
-        if self.env.kind in ("llm_user", "tau2_retail") and self.job in ("sft", "sft+rl"):
-            raise ValueError(f"job={self.job!r}: SFT demonstrations come from the scripted gyms; "
-                             f"with env.kind={self.env.kind!r} use job rl or eval")
+        if self.env.kind == "llm_user" and self.job in ("sft", "sft+rl"):
+            raise ValueError(f"job={self.job!r}: SFT demonstrations come from the scripted gyms or the tau2 "
+                             "oracle; with env.kind='llm_user' use job rl or eval")
         if self.eval.agent != "policy" and (self.job != "eval" or self.env.kind != "tau2_retail"):
             raise ValueError(f"eval.agent={self.eval.agent!r}: host agents play job=eval on env.kind='tau2_retail' "
                              f"(got job={self.job!r}, env.kind={self.env.kind!r}); expected eval.agent='policy'")

@@ -128,7 +128,9 @@ def test_aliases_and_config_errors():
     with pytest.raises(configlib.ConfigError, match="customer_llm"):
         load_config(None, ["job=eval", "env.kind=tau2_retail", "eval.agent=oracle", "env.tau2.customer=llm"])
     with pytest.raises(configlib.ConfigError, match="sft"):
-        load_config(None, ["env.kind=tau2_retail", "tokenizer=x"])
+        load_config(None, ["env.kind=llm_user", "env.user_tasks=x.json", "env.llm_user.base_url=http://h",
+                           "env.llm_user.model=m"])
+    assert load_config(None, ["env.kind=tau2_retail", "tokenizer=x"]).job == "sft+rl"  # SFT on oracle demos
     with pytest.raises(ValueError, match="judge"):
         EnvFactory(Tau2Section(tasks="2", scoring="tau2"))
 
@@ -253,3 +255,37 @@ def test_launch_eval_with_a_local_checkpoint(tmp_path):
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # both tasks need a write (an exchange) that a random 8-token policy does not make
     assert evals[0]["tau2/scoring_mode"] == "offline" and evals[0]["tau2/db"] == 0.0
+
+
+def test_oracle_demos_render_with_the_loss_on_the_agent_turns_only():
+    from jaxagent.envs.gyms.demos import render_demo
+    from jaxagent.envs.tau2_retail.agents import oracle_demos
+
+    factory = EnvFactory(Tau2Section(tasks="0,14"))
+    factory.record = False
+    demos = oracle_demos(factory, factory.task_ids)
+    assert [d.reward for d in demos] == [1.0, 1.0]
+    for d in demos:
+        task = factory.tasks[d.task_id]
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for m in d.messages if m["role"] == "assistant"
+                 for c in m.get("tool_calls", ())]
+        assert calls == [(a.name, dict(a.arguments)) for a in task.actions]
+        assert all(t == (m["role"] == "assistant") for m, t in zip(d.messages, d.train))
+        ids, mask = render_demo(d, TOK, tool_schemas_in_prompt=False)
+        text = TOK.decode([i for i, m in zip(ids, mask) if m])
+        # trained: the agent's words and calls; never the policy, the customer or the tool results
+        assert "<tool_call>" in text and task.actions[0].name in text
+        assert "Retail agent policy" not in text and "Transfer successful" not in text
+        assert d.messages[1]["content"] not in text
+
+
+def test_sft_data_on_tau2_is_the_oracle_demos_of_the_selected_tasks():
+    from jaxagent.train.jobs import build_env, sft_data
+
+    cfg = load_config(None, ["job=sft", "env.kind=tau2_retail", "tokenizer=x", "env.tau2.tasks=0:3", "sft.demos=2",
+                             f"rollout.capacity={CAP * 2}", "rollout.tool_schemas_in_prompt=false"])
+    make_env, train, _ = build_env(cfg)
+    data = sft_data(cfg, TOK, make_env)
+    assert len(data) == 2 and train == ["0", "1", "2"]
+    for ids, mask in data:
+        assert len(ids) == len(mask) and 0 < sum(mask) < len(ids) // 2

@@ -219,11 +219,18 @@ def _fmt(v) -> str:
 
 
 # ----------------------------------------------------------------------------- SFT
-def sft_data(cfg: RunConfig, tok: Tokenizer) -> list[tuple[list[int], list[bool]]]:
+def sft_data(cfg: RunConfig, tok: Tokenizer, make_env=None) -> list[tuple[list[int], list[bool]]]:
+    """Rendered demonstrations: the gym's expert (with noise), or on tau2 retail the gold-action
+    oracle's episodes on the selected tasks (one each, at most ``sft.demos``)."""
     from jaxagent.envs.gyms.demos import expert_demos, render_demo
 
-    demos = expert_demos(cfg.env.gym, "train", cfg.sft.demos, seed=cfg.env.task_seed, noise=cfg.sft.noise,
-                         policy=cfg.sft.demo_policy)
+    if cfg.env.kind == "tau2_retail":
+        from jaxagent.envs.tau2_retail.agents import oracle_demos
+
+        demos = oracle_demos(make_env, make_env.task_ids[: min(cfg.env.train_tasks, cfg.sft.demos)])
+    else:
+        demos = expert_demos(cfg.env.gym, "train", cfg.sft.demos, seed=cfg.env.task_seed, noise=cfg.sft.noise,
+                             policy=cfg.sft.demo_policy)
     rendered = [render_demo(d, tok, tool_schemas_in_prompt=cfg.rollout.tool_schemas_in_prompt) for d in demos]
     kept = [(ids, mask) for ids, mask in rendered if len(ids) <= cfg.rollout.capacity]
     if not kept:
@@ -335,7 +342,7 @@ def run_sft(run: Run, params):
     if cfg.resume and ckpt.latest_step() is not None:
         state, meta = ckpt.restore(_abstract(state))
         start = int(meta["next_step"])
-    data = sft_data(run.cfg, run.tok) if start < s.steps else []
+    data = sft_data(run.cfg, run.tok, run.make_env) if start < s.steps else []
     run.log.start("sft", s.steps, start, desc="sft")
     for i in range(start, s.steps):
         idx = step_rng(cfg.seed, "sft", i).choice(len(data), size=min(s.batch_size, len(data)), replace=False)

@@ -16,12 +16,14 @@ through here: it plays through the rollout loop (`jaxagent.rollout.loop`), token
   cancelled; made right after the last gold write). The wrong and the extra write are made
   without asking the customer (who would refuse them, or stop first when the goal was met). Each is checked by replay on a fresh database; a variant
   that cannot be built for a task (no write to change or leave out) is absent from the result.
+- `oracle_demos` turns the oracle's episodes into SFT demonstrations (``job=sft env=tau2_retail``).
 - `EndpointAgent` asks an OpenAI-compatible chat-completions server (OpenAI, vLLM, SGLang...) with
   the tools in the request, so an API model or a served checkpoint is scored by the same harness.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
@@ -263,5 +265,43 @@ async def play(env, agent, task_id: str, seed: int = 0, *, max_turns: int = 200)
     return dict(env.report(), agent_turns=turns)
 
 
-__all__ = ["BROKEN_VARIANTS", "CANCEL_REASONS", "EndpointAgent", "OracleAgent", "ScriptedAgent", "broken_plans",
+async def oracle_demo(env, task_id: str):
+    """The oracle's episode on ``task_id`` as an SFT demonstration (`jaxagent.envs.gyms.demos.Demo`):
+    the reset's messages, each oracle turn (trained on) and the environment's answers, without the
+    final step's answers, exactly as the rollout loop renders an episode."""
+    from jaxagent.envs.gyms.demos import Demo, agent_message_to_chat
+
+    agent = OracleAgent()
+    try:
+        reset = await env.reset(task_id, 0)
+        agent.start(env.task, reset)
+        messages = [m.to_chat() for m in reset.messages]
+        train = [False] * len(messages)
+        env_messages: Sequence[EnvMessage] = reset.messages
+        for _ in range(len(agent.turns) + 1):
+            msg = await agent.act(env_messages)
+            messages.append(agent_message_to_chat(msg))
+            train.append(True)
+            step = await env.step(msg)
+            if step.done:
+                break
+            env_messages = step.messages
+            messages.extend(m.to_chat() for m in step.messages)
+            train.extend([False] * len(step.messages))
+        reward = env.outcome_reward()
+    finally:
+        await env.aclose()
+    return Demo(task_id, tuple(messages), tuple(train), reward, tuple(reset.tools))
+
+
+def oracle_demos(make_env, task_ids: Sequence[str]) -> list:
+    """`oracle_demo` of every task (one per task: the oracle is deterministic). Synchronous."""
+
+    async def _all():
+        return [await oracle_demo(make_env(), t) for t in task_ids]
+
+    return asyncio.run(_all())
+
+
+__all__ = ["BROKEN_VARIANTS", "oracle_demo", "oracle_demos", "CANCEL_REASONS", "EndpointAgent", "OracleAgent", "ScriptedAgent", "broken_plans",
            "plan_for", "play", "proposal"]
