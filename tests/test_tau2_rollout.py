@@ -14,7 +14,7 @@ from jaxagent import configlib
 from jaxagent.config import Tau2Section, load_config
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.credit.reaction import DEFAULT_POLARITY
-from jaxagent.envs.tau2_retail.harness import EnvFactory, summarize
+from jaxagent.envs.tau2_retail.harness import EnvFactory, per_task, summarize
 from jaxagent.launch import expand_alias, main
 from jaxagent.models import init_params, preset
 from jaxagent.models.generate import SamplingParams
@@ -96,6 +96,10 @@ def test_summarize_hand_computed():
             {"task_id": "a", "termination": "user_stop", "score": {"reward": 0.0, "components": {"DB": 0.0, "COMMUNICATE": 1.0}}},
             {"task_id": "b", "termination": "max_steps", "score": {"reward": 0.0, "components": {"DB": 1.0, "COMMUNICATE": 0.0}}},
             {"task_id": "b", "termination": "user_stop", "score": {"reward": 0.0, "components": {"DB": 0.0, "COMMUNICATE": 0.0}}}]
+    rows = per_task(reps)
+    assert [(r["task_id"], r["reward"], r["success"], r["db"], r["communicate"]) for r in rows] == [
+        ("a", 0.5, 0.5, 0.5, 1.0), ("b", 0.0, 0.0, 0.5, 0.0)]
+    assert rows[1]["terminations"] == {"max_steps": 1, "user_stop": 1}
     s = summarize(reps, scoring_mode="offline", k=2)
     assert s["reward"] == 0.25 and s["success"] == 0.25 and s["pass_at_k"] == 0.5
     assert s["db"] == 0.5 and s["communicate"] == 0.5
@@ -115,6 +119,9 @@ def test_launch_eval_oracle_writes_per_task_results(tmp_path, capsys):
     rows = [json.loads(l) for l in (tmp_path / "oracle" / "episodes.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and {r["seed"] for r in rows} == {0, 1}
     assert all(r["score"]["scoring_mode"] == "offline" and r["termination"] == "user_stop" for r in rows)
+    tasks = [json.loads(line) for line in (tmp_path / "oracle" / "tasks.jsonl").read_text().splitlines()]
+    assert [t["task_id"] for t in tasks] == ["0", "1", "2", "3", "4", "6"]
+    assert all(t["runs"] == 2 and t["reward"] == 1.0 and t["db"] == 1.0 for t in tasks)
 
 
 def test_aliases_and_config_errors():
@@ -252,6 +259,8 @@ def test_launch_eval_with_a_local_checkpoint(tmp_path):
     rows = [json.loads(line) for line in (run / "episodes_before_0.jsonl").read_text().splitlines()]
     assert sorted(r["task_id"] for r in rows) == ["0", "1"]
     assert all(r["rollout_termination"] in ("done", "max_turns", "max_tokens") for r in rows)
+    per = [json.loads(line) for line in (run / "tasks_before_0.jsonl").read_text().splitlines()]
+    assert [t["task_id"] for t in per] == ["0", "1"] and all(t["runs"] == 1 for t in per)
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # both tasks need a write (an exchange) that a random 8-token policy does not make
     assert evals[0]["tau2/scoring_mode"] == "offline" and evals[0]["tau2/db"] == 0.0

@@ -313,13 +313,14 @@ def run_eval(run: Run, params, label: str, step: int) -> dict[str, Any]:
         if recorder is not None:
             run.make_env.record = False
     if recorder is not None:
-        from jaxagent.envs.tau2_retail.harness import summarize, write_reports
+        from jaxagent.envs.tau2_retail.harness import per_task, summarize, write_reports
 
         reports = recorder()
         if len(reports) == len(trajs):  # both in episode-creation order (task-major, then the k runs)
             for r, t in zip(reports, trajs):
                 r["rollout_termination"] = t.termination  # e.g. max_turns, simulator_failure
         write_reports(run.run_dir / f"episodes_{label}_{step}.jsonl", reports)
+        write_reports(run.run_dir / f"tasks_{label}_{step}.jsonl", per_task(reports))
         t2 = summarize(reports, scoring_mode=cfg.env.tau2.scoring, k=cfg.eval.k)
         m.update({f"tau2/{k}": v for k, v in t2.items() if k in ("db", "communicate", "pass_at_k", "scoring_mode")})
     m["wall_s"] = time.perf_counter() - t0

@@ -13,7 +13,7 @@ episode's report (task, seed, termination, score components, transcript). A loca
 through the rollout loop like any environment (`jaxagent.train.jobs`); host agents (``oracle``,
 ``endpoint``) play here (`evaluate_host`), ``eval.concurrency`` episodes at once.
 
-`summarize` turns reports into avg@k figures: ``reward`` (mean episode reward), ``success``
+`per_task` gives one row per task (``tasks.jsonl``); `summarize` turns reports into avg@k figures: ``reward`` (mean episode reward), ``success``
 (share with reward 1), ``pass_at_k`` (tasks solved by at least one of the k runs), the DB and
 COMMUNICATE component means, terminations, and the scoring mode, which every summary carries
 (``offline`` = DB x COMMUNICATE, not comparable with tau2's leaderboard).
@@ -104,6 +104,29 @@ def summarize(reports: Sequence[Mapping[str, Any]], *, scoring_mode: str, k: int
             "success_by_task": {t: sum(x >= 1.0 for x in v) / len(v) for t, v in by_task.items()}}
 
 
+def per_task(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per task (file order of first appearance): its k runs' mean reward, success rate
+    (reward 1), DB and COMMUNICATE means and terminations."""
+    rows: dict[str, list[Mapping[str, Any]]] = {}
+    for r in reports:
+        rows.setdefault(str(r["task_id"]), []).append(r)
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    out = []
+    for tid, rs in rows.items():
+        scores = [r.get("score") or {} for r in rs]
+        rewards = [float(s.get("reward", 0.0)) for s in scores]
+        comps = [s.get("components") or {} for s in scores]
+        out.append({"task_id": tid, "runs": len(rs), "reward": mean(rewards),
+                    "success": mean([x >= 1.0 for x in rewards]),
+                    "db": mean([float(c.get("DB", 0.0)) for c in comps]),
+                    "communicate": mean([float(c.get("COMMUNICATE", 0.0)) for c in comps]),
+                    "terminations": dict(collections.Counter(r.get("termination", "unknown") for r in rs))})
+    return out
+
+
 def write_reports(path: Path, reports: Sequence[Mapping[str, Any]]) -> None:
     """One JSON line per episode (transcripts included)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,6 +191,7 @@ def run_host_eval(cfg) -> dict[str, Any]:
 
     reports = asyncio.run(main())
     write_reports(run_dir / "episodes.jsonl", reports)
+    write_reports(run_dir / "tasks.jsonl", per_task(reports))
     summary = {"name": cfg.name, "job": "eval", "env": "tau2_retail", "agent": cfg.eval.agent,
                "customer": cfg.env.tau2.customer, "agent_temperature": cfg.eval.temperature,
                **summarize(reports, scoring_mode=cfg.env.tau2.scoring, k=cfg.eval.k),
@@ -178,4 +202,4 @@ def run_host_eval(cfg) -> dict[str, Any]:
     return summary
 
 
-__all__ = ["SCORING_NOTE", "EnvFactory", "evaluate_host", "run_host_eval", "summarize", "write_reports"]
+__all__ = ["SCORING_NOTE", "per_task", "EnvFactory", "evaluate_host", "run_host_eval", "summarize", "write_reports"]
