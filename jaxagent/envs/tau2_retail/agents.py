@@ -303,5 +303,16 @@ def oracle_demos(make_env, task_ids: Sequence[str]) -> list:
     return asyncio.run(_all())
 
 
-__all__ = ["BROKEN_VARIANTS", "oracle_demo", "oracle_demos", "CANCEL_REASONS", "EndpointAgent", "OracleAgent", "ScriptedAgent", "broken_plans",
-           "plan_for", "play", "proposal"]
+__all__ = [
+    "BROKEN_VARIANTS",
+    "CANCEL_REASONS",
+    "EndpointAgent",
+    "OracleAgent",
+    "ScriptedAgent",
+    "broken_plans",
+    "oracle_demo",
+    "oracle_demos",
+    "plan_for",
+    "play",
+    "proposal",
+]

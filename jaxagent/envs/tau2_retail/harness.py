@@ -202,4 +202,4 @@ def run_host_eval(cfg) -> dict[str, Any]:
     return summary
 
 
-__all__ = ["SCORING_NOTE", "per_task", "EnvFactory", "evaluate_host", "run_host_eval", "summarize", "write_reports"]
+__all__ = ["SCORING_NOTE", "EnvFactory", "evaluate_host", "per_task", "run_host_eval", "summarize", "write_reports"]
