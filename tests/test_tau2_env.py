@@ -11,6 +11,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -871,8 +872,9 @@ def test_an_llm_customer_failure_leaves_its_conversation_unchanged():
     from jaxagent.envs.llm_user import SimulatorError
     from jaxagent.envs.tau2_retail.customer import LLMCustomer, customer_config
 
-    with serve(["not used"]) as (_, url):
-        pass  # the server is gone: every request fails
+    with socket.socket() as sock:  # a port nobody listens on: every request fails
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
     cust = LLMCustomer(LLMUserClient(customer_config(_config(url))), TASKS["0"])
     with pytest.raises(SimulatorError):
         run(cust.respond("hello"))

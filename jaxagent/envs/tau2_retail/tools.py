@@ -374,16 +374,32 @@ class RetailTools:
             old_method["balance"] = round(old_method["balance"] + amount, 2)
         return order
 
+    @staticmethod
+    def _check_counts(order: dict, item_ids: list[str], message: str) -> None:
+        """Each id occurs in ``item_ids`` at most as often as among the order's items (duplicates
+        count); else ToolError(``message`` with ``{item_id}`` filled in)."""
+        all_item_ids = [item["item_id"] for item in order["items"]]
+        for item_id in item_ids:
+            if item_ids.count(item_id) > all_item_ids.count(item_id):
+                raise ToolError(message.format(item_id=item_id))
+
+    def _swap_variant(self, order: dict, item_id: str, new_item_id: str) -> tuple[dict, dict]:
+        """(the first order item with ``item_id``, the available variant ``new_item_id`` of its product)."""
+        item = next((item for item in order["items"] if item["item_id"] == item_id), None)
+        if item is None:
+            raise ToolError(f"Item {item_id} not found")
+        variant = self._get_variant(item["product_id"], new_item_id)
+        if not variant["available"]:
+            raise ToolError(f"New item {new_item_id} not found or available")
+        return item, variant
+
     def modify_pending_order_items(self, order_id: str, item_ids: list[str], new_item_ids: list[str],
                                    payment_method_id: str) -> dict:
         """Swap items of a ``pending`` order for other variants of the same products (once per order)."""
         order = self._get_order(order_id)
         if order["status"] != "pending":
             raise ToolError("Non-pending order cannot be modified")
-        all_item_ids = [item["item_id"] for item in order["items"]]
-        for item_id in item_ids:
-            if item_ids.count(item_id) > all_item_ids.count(item_id):
-                raise ToolError(f"{item_id} not found")
+        self._check_counts(order, item_ids, "{item_id} not found")
         if len(item_ids) != len(new_item_ids):
             raise ToolError("The number of items to be exchanged should match")
         diff_price = 0
@@ -391,12 +407,7 @@ class RetailTools:
         for item_id, new_item_id in zip(item_ids, new_item_ids):
             if item_id == new_item_id:
                 raise ToolError("The new item id should be different from the old item id")
-            item = next((item for item in order["items"] if item["item_id"] == item_id), None)
-            if item is None:
-                raise ToolError(f"Item {item_id} not found")
-            variant = self._get_variant(item["product_id"], new_item_id)
-            if not variant["available"]:
-                raise ToolError(f"New item {new_item_id} not found or available")
+            item, variant = self._swap_variant(order, item_id, new_item_id)
             diff_price += variant["price"] - item["price"]
         method = self._get_payment_method(order["user_id"], payment_method_id)
         if _is_gift_card(method) and method["balance"] < diff_price:
@@ -424,20 +435,12 @@ class RetailTools:
         order = self._get_order(order_id)
         if order["status"] != "delivered":
             raise ToolError("Non-delivered order cannot be exchanged")
-        all_item_ids = [item["item_id"] for item in order["items"]]
-        for item_id in item_ids:
-            if item_ids.count(item_id) > all_item_ids.count(item_id):
-                raise ToolError(f"Number of {item_id} not found.")
+        self._check_counts(order, item_ids, "Number of {item_id} not found.")
         if len(item_ids) != len(new_item_ids):
             raise ToolError("The number of items to be exchanged should match.")
         diff_price = 0
         for item_id, new_item_id in zip(item_ids, new_item_ids):
-            item = next((item for item in order["items"] if item["item_id"] == item_id), None)
-            if item is None:
-                raise ToolError(f"Item {item_id} not found")
-            variant = self._get_variant(item["product_id"], new_item_id)
-            if not variant["available"]:
-                raise ToolError(f"New item {new_item_id} not found or available")
+            item, variant = self._swap_variant(order, item_id, new_item_id)
             diff_price += variant["price"] - item["price"]
         diff_price = round(diff_price, 2)     # an int 0 stays an int 0 (empty lists)
         method = self._get_payment_method(order["user_id"], payment_method_id)
@@ -460,10 +463,7 @@ class RetailTools:
         if (not _is_gift_card(method)
                 and payment_method_id != order["payment_history"][0]["payment_method_id"]):
             raise ToolError("Payment method should be the original payment method")
-        all_item_ids = [item["item_id"] for item in order["items"]]
-        for item_id in item_ids:
-            if item_ids.count(item_id) > all_item_ids.count(item_id):
-                raise ToolError("Some item not found")
+        self._check_counts(order, item_ids, "Some item not found")
         order["status"] = "return requested"
         order["return_items"] = sorted(item_ids)
         order["return_payment_method_id"] = payment_method_id
