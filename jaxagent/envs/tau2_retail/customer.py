@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from jaxagent.envs.llm_user import DEFAULT_SYSTEM_PROMPT, LLMUserClient, LLMUserConfig
+from jaxagent.envs.tau2_retail.scoring import communicate_reward
 from jaxagent.envs.tau2_retail.tasks import Task, render_scenario
 
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
@@ -211,8 +212,6 @@ class ScriptedCustomer:
 
     def goal_met(self, agent_text: str = "") -> bool:
         """The goal holds, counting ``agent_text`` (the message being answered) among what was said."""
-        from jaxagent.envs.tau2_retail.scoring import communicate_reward
-
         return (self.view.goal_db_reached() and communicate_reward(self.task, [*self.view.assistant_texts(), agent_text]) == 1.0
                 and (self._authenticated() or not self.needs_auth) and (self._transfers() > 0 or not self.needs_transfer))
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxagent.envs.tau2_retail.db import DEFAULT_DATA_DIR
+from jaxagent.envs.tau2_retail.tools import WRITE_TOOLS
 
 REWARD_COMPONENTS = ("DB", "NL_ASSERTION", "COMMUNICATE", "ACTION", "ENV_ASSERTION")
 INSTRUCTION_FIELDS = ("domain", "reason_for_call", "known_info", "unknown_info", "task_instructions")
@@ -52,8 +53,6 @@ class Task:
 
     @property
     def write_actions(self) -> tuple[Action, ...]:
-        from jaxagent.envs.tau2_retail.tools import WRITE_TOOLS
-
         return tuple(a for a in self.actions if a.name in WRITE_TOOLS)
 
 
