@@ -51,7 +51,7 @@ from jaxagent.envs.tau2_retail.tasks import (
     render_scenario,
     select_tasks,
 )
-from jaxagent.envs.tau2_retail.tools import TOOL_NAMES
+from jaxagent.envs.tau2_retail.tools import TOOL_NAMES, tool_schemas
 from jaxagent.text.toolcalls import ToolCall
 
 TASKS = load_task_set()
@@ -468,7 +468,8 @@ def test_reset_messages_and_tools():
     assert [m.role for m in reset.messages] == ["system", "user"]
     assert load_policy() in reset.messages[0].content and reset.messages[0].reaction is None
     assert reset.messages[1].content == RFC_0
-    assert len(reset.tools) == 16 and [t["function"]["name"] for t in reset.tools] == list(TOOL_NAMES)
+    assert len(reset.tools) == 16 and sorted(t["function"]["name"] for t in reset.tools) == list(TOOL_NAMES)
+    assert list(reset.tools) == list(tool_schemas())       # tau2's own schemas, in tau2's order
     assert env.report()["seed"] == 7 and env.report()["termination"] == "unfinished"
 
 
@@ -796,7 +797,9 @@ def test_endpoint_agent_plays_through_openai_tool_calls():
     assert [m["role"] for m in first["messages"]] == ["system", "user"]  # the reset messages, once
     assert load_policy() in first["messages"][0]["content"]
     assert first["messages"][1]["content"] == first_person(TASKS["10"].instructions["reason_for_call"]).strip()
-    assert [t["function"]["name"] for t in first["tools"]] == list(TOOL_NAMES)
+    # tau2's own schemas as the endpoint receives them, key order included
+    assert json.dumps(first["tools"]) == json.dumps(list(tool_schemas()))
+    assert sorted(t["function"]["name"] for t in first["tools"]) == list(TOOL_NAMES)
     # arguments parsed into the call the environment ran
     assert env.calls[0] == {"name": "find_user_id_by_email", "arguments": {"email": "mia.garcia2723@example.com"},
                             "error": False, "content": "mia_garcia_4516"}
@@ -817,6 +820,40 @@ def test_endpoint_agent_plays_through_openai_tool_calls():
                                            "name": "transfer_to_human_agents", "tool_call_id": "c_C"}
     assert all("reaction" not in m for r in requests for m in r["messages"])  # labels stay private
     assert rep["messages"][-1] == {"role": "user", "content": TRANSFER, "reaction": "accept"}
+
+
+def test_endpoint_eval_gives_the_agent_the_environments_prompt_not_the_user_simulators(tmp_path, capsys):
+    from jaxagent import configlib
+    from jaxagent.config import load_config
+    from jaxagent.envs.llm_user import DEFAULT_SYSTEM_PROMPT
+    from jaxagent.envs.tau2_retail.agents import EndpointConfig
+    from jaxagent.envs.tau2_retail.env import system_prompt
+    from jaxagent.launch import main
+
+    base = ["job=eval", "env.kind=tau2_retail", "eval.agent=endpoint", "eval.endpoint.base_url=http://127.0.0.1:1/v1",
+            "eval.endpoint.model=m"]
+    cfg = load_config(None, base)
+    assert isinstance(cfg.eval.endpoint, EndpointConfig)
+    assert not hasattr(cfg.eval.endpoint, "system_prompt") and not hasattr(cfg.eval.endpoint, "temperature")
+    for key in ("system_prompt", "temperature", "opening_message"):   # not silently ignored: refused
+        with pytest.raises(configlib.ConfigError, match=f"eval.endpoint.{key}: unknown key"):
+            load_config(None, base + [f"eval.endpoint.{key}=x"])
+    with pytest.raises(configlib.ConfigError, match="http:// or https://"):
+        load_config(None, base + ["eval.endpoint.base_url=ftp://h"])
+    assert cfg.eval.endpoint.client_config(0.25).temperature == 0.25
+
+    replies = [{"role": "assistant", "content": None, "tool_calls": [
+                   _tool_call("c_A", "transfer_to_human_agents", json.dumps({"summary": "s"}))]},
+               {"role": "assistant", "content": "You are now with a human agent."}]
+    with serve(replies) as (requests, url):
+        assert main(["job=eval", "env=tau2_retail", "agent=endpoint", "env.tau2.tasks=10", "eval.temperature=0.25",
+                     f"eval.endpoint.base_url={url}", "eval.endpoint.model=served", "eval.endpoint.max_retries=0",
+                     "eval.endpoint.trust_env=false", f"runs_dir={tmp_path}", "name=ep", "progress=false"]) == 0
+    first = requests[0]
+    assert first["model"] == "served" and first["temperature"] == 0.25
+    assert first["messages"][0] == {"role": "system", "content": system_prompt(load_policy())}
+    assert all(DEFAULT_SYSTEM_PROMPT[:40] not in m["content"] for m in first["messages"])
+    assert json.loads((tmp_path / "ep" / "summary.json").read_text())["reward"] == 1.0
 
 
 # ============================================================================ failures: retried, counted, contained

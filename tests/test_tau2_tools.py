@@ -5,6 +5,7 @@ of every train task's gold actions."""
 
 import inspect
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,9 +22,11 @@ from jaxagent.envs.tau2_retail.db import (
 from jaxagent.envs.tau2_retail.tools import (
     TOOL_NAMES,
     WRITE_TOOLS,
+    TOOL_SCHEMAS_FILE,
     RetailTools,
     ToolError,
     ToolResult,
+    check_tool_schemas,
     execute,
     render,
     tool_schemas,
@@ -608,10 +611,51 @@ def test_render_canonical_order_and_floats(db):
     assert render({"name": "Jos\u00e9"}) == '{"name": "Jos\\u00e9"}'
 
 
-def test_tool_schemas():
+SCHEMA_FILE = DEFAULT_DATA_DIR / "tool_schemas.json"
+SHARED_SCHEMA_FILE = Path("/work/shared/data/tau2_retail/tool_schemas.json")
+
+
+def _key_orders(value):
+    """Every mapping's key order, recursively (``==`` on dicts ignores order)."""
+    if isinstance(value, dict):
+        return [list(value), [_key_orders(v) for v in value.values()]]
+    if isinstance(value, (list, tuple)):
+        return [_key_orders(v) for v in value]
+    return None
+
+
+def test_tool_schemas_are_tau2s_own_byte_for_byte():
+    text = SCHEMA_FILE.read_text(encoding="utf-8")
+    stored = json.loads(text)
+    assert list(stored) == ["source", "tools"] and "a2c0247" in stored["source"]
+    assert TOOL_SCHEMAS_FILE == SCHEMA_FILE
+    served = tool_schemas()
+    assert list(served) == stored["tools"] and _key_orders(list(served)) == _key_orders(stored["tools"])
+    # the whole file re-serialised with its own layout, the served list in place of the stored one
+    assert json.dumps({"source": stored["source"], "tools": list(served)}, indent=1) == text
+    if SHARED_SCHEMA_FILE.exists():   # the shipped copy is the shared data's file, unchanged
+        assert SHARED_SCHEMA_FILE.read_bytes() == SCHEMA_FILE.read_bytes()
+    # fresh objects each call: a caller's edit does not leak into the next episode
+    served[0]["function"]["description"] = "changed"
+    assert tool_schemas()[0]["function"]["description"] == stored["tools"][0]["function"]["description"]
+
+
+def test_tool_schemas_tau2_quirks():
+    by_name = {s["function"]["name"]: s["function"] for s in tool_schemas()}
+    listing = by_name["list_all_product_types"]["parameters"]
+    assert listing == {"properties": {}, "title": "parameters", "type": "object"} and "required" not in listing
+    assert all(f["parameters"]["title"] == "parameters" for f in by_name.values())
+    assert by_name["calculate"]["description"] == "Calculate the result of a mathematical expression."
+    assert list(by_name["calculate"]["parameters"]["properties"]["expression"]) == ["description", "title", "type"]
+    # tau2's order, not sorted: find_user_id_by_name_zip comes before find_user_id_by_email
+    names = [s["function"]["name"] for s in tool_schemas()]
+    assert names.index("find_user_id_by_name_zip") < names.index("find_user_id_by_email")
+
+
+def test_tool_schemas_match_the_implemented_tools():
     schemas = tool_schemas()
     assert len(schemas) == 16 and len(TOOL_NAMES) == 16 and TOOL_NAMES == tuple(sorted(TOOL_NAMES))
-    assert tuple(s["function"]["name"] for s in schemas) == TOOL_NAMES
+    assert sorted(s["function"]["name"] for s in schemas) == list(TOOL_NAMES)
     assert len(WRITE_TOOLS) == 7 and WRITE_TOOLS < set(TOOL_NAMES)
     arrays = {"item_ids", "new_item_ids"}
     for schema in schemas:
@@ -620,7 +664,7 @@ def test_tool_schemas():
         params = fn["parameters"]
         assert params["type"] == "object" and fn["description"]
         signature = list(inspect.signature(getattr(RetailTools, fn["name"])).parameters)[1:]
-        assert list(params["properties"]) == signature and params["required"] == signature
+        assert list(params["properties"]) == signature and params.get("required", []) == signature
         for name, prop in params["properties"].items():
             assert prop["title"] == " ".join(w.capitalize() for w in name.split("_"))
             assert prop["description"]
@@ -628,17 +672,23 @@ def test_tool_schemas():
                 assert prop["type"] == "array" and prop["items"] == {"type": "string"}
             else:
                 assert prop["type"] == "string"
-        if fn["name"] in WRITE_TOOLS:
-            assert "confirm" in fn["description"].lower() or "'yes'" in fn["description"]
-    by_name = {s["function"]["name"]: s["function"] for s in schemas}
-    assert by_name["list_all_product_types"]["parameters"]["properties"] == {}
-    assert by_name["get_order_details"]["parameters"]["properties"]["order_id"]["title"] == "Order Id"
-    assert "'#'" in by_name["get_order_details"]["parameters"]["properties"]["order_id"]["description"]
-    assert "product id" in by_name["get_item_details"]["parameters"]["properties"]["item_id"]["description"]
-    modify = by_name[MODIFY_ITEMS]["parameters"]["properties"]
-    assert "Duplicates" in modify["new_item_ids"]["description"] and "position" in modify["new_item_ids"]["description"]
-    reason = by_name["cancel_pending_order"]["parameters"]["properties"]["reason"]["description"]
-    assert "'no longer needed'" in reason and "'ordered by mistake'" in reason
+    check_tool_schemas(schemas)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s.pop(), "name"),
+    (lambda s: s[0]["function"].update(name="calc"), "name"),
+    (lambda s: s[1]["function"]["parameters"]["properties"].pop("reason"), "differ from the method"),
+    (lambda s: s[1]["function"]["parameters"]["required"].reverse(), "differ from the method"),
+    (lambda s: s[2]["function"]["parameters"]["properties"]["item_ids"].update(type="string"), r"takes list\[str\]"),
+    (lambda s: s[0]["function"]["parameters"]["properties"]["expression"].update(type="number"), "takes str"),
+    (lambda s: s[9]["function"]["parameters"].update(type="array"), "not a function schema"),
+])
+def test_check_tool_schemas_rejects_drift(edit, message):
+    schemas = list(tool_schemas())
+    edit(schemas)
+    with pytest.raises(ValueError, match=message):
+        check_tool_schemas(schemas)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ hash byte for byte:
 modification time) and hands out an independent copy on every call, cheap enough for one per
 episode. The packaged data (``jaxagent/data/tau2_retail``: ``db.json``, ``policy.md``,
 ``tasks_train.json``, MIT licence of Sierra Research) is the default; ``env.tau2.data_dir`` in a
-config points elsewhere.
+config points elsewhere. (``tool_schemas.json``, tau2's tool schemas, lives there too but always
+comes from the package: it describes the implemented tools, see :mod:`.tools`.)
 """
 
 from __future__ import annotations

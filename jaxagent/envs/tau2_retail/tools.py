@@ -17,21 +17,24 @@ equals tau2's), and tau2's quirks are kept on purpose:
 :class:`RetailTools` holds the database and has one method per tool (tau2's parameter names; the
 class name makes Python's own argument errors read like tau2's). :func:`execute` turns one tool call
 into the tool message content (spec 3.2) and never raises; :func:`render` is its result
-formatting; :func:`tool_schemas` gives the OpenAI function schemas shown to the agent (descriptions
-written for jaxagent, carrying the same instructions as tau2's docstrings).
+formatting; :func:`tool_schemas` gives the OpenAI function schemas shown to the agent: tau2's own,
+byte for byte, from the packaged ``tool_schemas.json`` (checked against the methods on first use).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import json
 import operator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 __all__ = ["CALCULATE_MAX_INT_BITS", "CANCEL_REASONS", "GENERIC_TOOLS", "READ_TOOLS", "TOOL_NAMES", "WRITE_TOOLS",
-           "RetailTools", "ToolError", "ToolResult", "execute", "render", "tool_schemas"]
+           "TOOL_SCHEMAS_FILE", "RetailTools", "ToolError", "ToolResult", "check_tool_schemas", "execute",
+           "render", "tool_schemas"]
 
 CANCEL_REASONS: tuple[str, ...] = ("no longer needed", "ordered by mistake")
 WRITE_TOOLS: frozenset[str] = frozenset({
@@ -493,143 +496,63 @@ def execute(db: dict, name: str, arguments: Any) -> ToolResult:
 
 
 # --------------------------------------------------------------------------------------------------
-# schemas shown to the agent
+# schemas shown to the agent: tau2's own, from the packaged file
 
-_ORDER_ID = ("The order id, which starts with '#' followed by 'W' and 7 digits, e.g. '#W0000000'. "
-             "Include the leading '#'.")
-_PAYMENT_ID = ("The id of one of the user's payment methods, e.g. 'credit_card_0000000', "
-               "'paypal_0000000' or 'gift_card_0000000' (see the user's or the order's details).")
-_ADDRESS_PARAMS = {
-    "address1": "First address line, e.g. '123 Main St'.",
-    "address2": "Second address line, e.g. 'Apt 1'; use '' when there is none.",
-    "city": "City, e.g. 'San Francisco'.",
-    "state": "State, e.g. 'CA'.",
-    "country": "Country, e.g. 'USA'.",
-    "zip": "Zip code as a string, e.g. '12345'.",
-}
-_CONFIRM = (" This changes the database: first explain the exact details to the user and get an explicit "
-            "'yes' before calling it.")
+TOOL_SCHEMAS_FILE: Path = Path(__file__).resolve().parents[2] / "data" / "tau2_retail" / "tool_schemas.json"
+"""tau2's 16 OpenAI function schemas as its own code generates them (``{"source": ..., "tools": [...]}``,
+MIT, Sierra Research); :func:`tool_schemas` serves its ``tools`` list unchanged."""
 
-_SCHEMA_TABLE: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
-    # name: (description, {param: (type, description)})
-    "calculate": (
-        ("Evaluate an arithmetic expression and return the result rounded to 2 decimals. Only digits, "
-         "+ - * /, parentheses, '.' and spaces are allowed."),
-        {"expression": ("string", "The expression to evaluate, e.g. '(19.99 + 5.01) * 2'.")}),
-    "cancel_pending_order": (
-        "Cancel an order whose status is 'pending' (processed or delivered orders cannot be "
-        "cancelled). The status becomes 'cancelled' and the payment is refunded: at once to a gift "
-        "card, otherwise within 5-7 business days. Returns the updated order." + _CONFIRM,
-        {"order_id": ("string", _ORDER_ID),
-         "reason": ("string", "Why the order is cancelled: exactly 'no longer needed' or 'ordered by mistake'.")}),
-    "exchange_delivered_order_items": (
-        "Request an exchange of items of a delivered order for other items (variants) of the same "
-        "products. A delivered order can be returned or exchanged only once, so collect every item to "
-        "exchange before calling. The price difference is paid or refunded with the given payment "
-        "method. Returns the updated order." + _CONFIRM,
-        {"order_id": ("string", _ORDER_ID),
-         "item_ids": ("array", ("Item ids (10 digits, not product ids) of the order to exchange; an id "
-                                "appears as many times as units are exchanged.")),
-         "new_item_ids": ("array", ("The new item ids, position-matched with item_ids: the i-th new item "
-                                    "replaces the i-th old one and must be a variant of the same product. "
-                                    "Duplicates are allowed.")),
-         "payment_method_id": ("string", _PAYMENT_ID + " Pays or receives the price difference.")}),
-    "find_user_id_by_email": (
-        "Look up a user id by email address (case-insensitive). Fails when no user has this email.",
-        {"email": ("string", "The user's email, e.g. 'name@example.com'.")}),
-    "find_user_id_by_name_zip": (
-        ("Look up a user id by first name, last name and the zip code of the user's profile address. "
-         "Prefer find_user_id_by_email; use this when the user cannot give an email or it was not found."),
-        {"first_name": ("string", "First name, e.g. 'John'."),
-         "last_name": ("string", "Last name, e.g. 'Doe'."),
-         "zip": ("string", "Zip code as a string, e.g. '12345'.")}),
-    "get_item_details": (
-        "Get one item (a variant of a product): its options, availability and price.",
-        {"item_id": ("string", "The item id, 10 digits, e.g. '1008292230'. Item ids differ from product ids.")}),
-    "get_order_details": (
-        "Get an order's status, items, shipping address, fulfillments and payment history.",
-        {"order_id": ("string", _ORDER_ID)}),
-    "get_product_details": (
-        "Get a product and all its items (variants) with their options, availability and prices.",
-        {"product_id": ("string", "The product id, 10 digits, e.g. '6086499569'. Product ids differ from item ids.")}),
-    "get_user_details": (
-        ("Get a user's profile: name, address, email, payment methods (with gift card balances) and "
-         "order ids."),
-        {"user_id": ("string", "The user id, e.g. 'sara_doe_496'.")}),
-    "list_all_product_types": (
-        ("List the 50 product types of the store as a JSON object mapping each product name to its "
-         "product id (names sorted). Each product has several items with their own item ids and options."),
-        {}),
-    "modify_pending_order_address": (
-        "Change the shipping address of a pending order. Returns the updated order." + _CONFIRM,
-        {"order_id": ("string", _ORDER_ID),
-         **{k: ("string", v) for k, v in _ADDRESS_PARAMS.items()}}),
-    "modify_pending_order_items": (
-        "Replace items of a pending order with other items (variants) of the same products. This can "
-        "be done only once per order, so collect every change before calling. The price difference "
-        "is paid or refunded with the given payment method. Returns the updated order." + _CONFIRM,
-        {"order_id": ("string", _ORDER_ID),
-         "item_ids": ("array", ("Item ids (10 digits, not product ids) of the order to modify; an id "
-                                "appears as many times as units are modified.")),
-         "new_item_ids": ("array", ("The new item ids, position-matched with item_ids: the i-th new item "
-                                    "replaces the i-th old one, must differ from it and be a variant of the "
-                                    "same product. Duplicates are allowed.")),
-         "payment_method_id": ("string", _PAYMENT_ID + " Pays or receives the price difference.")}),
-    "modify_pending_order_payment": (
-        "Pay a pending order with a different payment method of the same user; a gift card needs a "
-        "balance covering the order total. Returns the updated order." + _CONFIRM,
-        {"order_id": ("string", _ORDER_ID),
-         "payment_method_id": ("string", _PAYMENT_ID + " Must differ from the current one.")}),
-    "modify_user_address": (
-        "Change the default (profile) address of a user; existing orders keep theirs. Returns the "
-        "updated user." + _CONFIRM,
-        {"user_id": ("string", "The user id, e.g. 'sara_doe_496'."),
-         **{k: ("string", v) for k, v in _ADDRESS_PARAMS.items()}}),
-    "return_delivered_order_items": (
-        "Request a return of items of a delivered order; the status becomes 'return requested' and the "
-        "user gets an email on how to send the items back. The refund goes to the original payment "
-        "method or to a gift card of the user. A delivered order can be returned or exchanged only "
-        "once. Returns the updated order." + _CONFIRM,
-        {"order_id": ("string", _ORDER_ID),
-         "item_ids": ("array", ("Item ids (10 digits, not product ids) of the order to return; an id "
-                                "appears as many times as units are returned.")),
-         "payment_method_id": ("string", _PAYMENT_ID + " Must be the order's original method or a gift card.")}),
-    "transfer_to_human_agents": (
-        ("Transfer the user to a human agent with a summary of the issue. Do this only when the user "
-         "explicitly asks for a human, or when the request cannot be solved with the policy and these tools."),
-        {"summary": ("string", "A short summary of the user's issue.")}),
-}
+_PARAM_TYPES: dict[str, dict[str, Any]] = {"str": {"type": "string"},
+                                           "list[str]": {"type": "array", "items": {"type": "string"}}}
+"""Method annotation -> the JSON-schema type keys it must have in the file."""
 
 
-def _param_schema(name: str, kind: str, description: str) -> dict[str, Any]:
-    schema: dict[str, Any] = {"title": name.replace("_", " ").title(), "type": kind}
-    if kind == "array":
-        schema["items"] = {"type": "string"}
-    schema["description"] = description
-    return schema
+def check_tool_schemas(schemas: Any) -> None:
+    """Raise ``ValueError`` unless ``schemas`` describe exactly the implemented tools.
+
+    The names are :data:`TOOL_NAMES` (each once, any order); each tool's parameters are its
+    :class:`RetailTools` method's, in signature order, all required (tau2 omits ``required`` when
+    there is no parameter), and each parameter's ``type`` (and ``items``) fits its annotation.
+    Descriptions are not checked: they are whatever tau2 wrote.
+    """
+    if not isinstance(schemas, (list, tuple)):
+        raise ValueError(f"tool schemas: expected a list, got {type(schemas).__name__}")
+    names = [s.get("function", {}).get("name") for s in schemas]
+    if sorted(names) != list(TOOL_NAMES):
+        raise ValueError(f"tool schemas name {sorted(map(str, names))}, the implemented tools are {list(TOOL_NAMES)}")
+    for schema in schemas:
+        fn = schema["function"]
+        name, params = fn["name"], fn.get("parameters", {})
+        if schema.get("type") != "function" or params.get("type") != "object":
+            raise ValueError(f"tool schema {name}: not a function schema with an object of parameters")
+        signature = inspect.signature(getattr(RetailTools, name)).parameters
+        wanted = [p for p in signature if p != "self"]
+        props = params.get("properties", {})
+        if list(props) != wanted or params.get("required", []) != wanted:
+            raise ValueError(f"tool schema {name}: parameters {list(props)} (required "
+                             f"{params.get('required', [])}) differ from the method's {wanted}")
+        for p in wanted:
+            annotation = str(signature[p].annotation)
+            expected = _PARAM_TYPES.get(annotation)
+            if expected is None or any(props[p].get(k) != v for k, v in expected.items()):
+                raise ValueError(f"tool schema {name}: parameter {p} is {props[p].get('type')!r} "
+                                 f"(items {props[p].get('items')!r}), the method takes {annotation}")
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_text() -> str:
+    """The ``tools`` list of :data:`TOOL_SCHEMAS_FILE` as JSON text (read and checked once)."""
+    tools = json.loads(TOOL_SCHEMAS_FILE.read_text(encoding="utf-8"))["tools"]
+    check_tool_schemas(tools)
+    return json.dumps(tools)
 
 
 def tool_schemas() -> tuple[dict, ...]:
-    """The 16 OpenAI function schemas, in :data:`TOOL_NAMES` order; every parameter is required.
+    """tau2's 16 OpenAI function schemas, exactly as in :data:`TOOL_SCHEMAS_FILE`: tau2's order
+    (not :data:`TOOL_NAMES`'s), tau2's descriptions, key order and quirks (``"title":
+    "parameters"``; no ``required`` for ``list_all_product_types``).
 
-    Parameter names and order are the methods' own (checked against ``inspect.signature``).
+    The file is read and checked against the methods (:func:`check_tool_schemas`) once; every
+    call returns fresh objects, so a caller may change them.
     """
-    out = []
-    for name in TOOL_NAMES:
-        description, params = _SCHEMA_TABLE[name]
-        signature = list(inspect.signature(getattr(RetailTools, name)).parameters)[1:]
-        if signature != list(params):
-            raise AssertionError(f"schema parameters {list(params)} of {name} differ from the method's {signature}")
-        out.append({
-            "type": "function",
-            "function": {
-                "name": name,
-                "description": description,
-                "parameters": {
-                    "type": "object",
-                    "properties": {p: _param_schema(p, kind, text) for p, (kind, text) in params.items()},
-                    "required": list(params),
-                },
-            },
-        })
-    return tuple(out)
+    return tuple(json.loads(_schema_text()))
