@@ -328,7 +328,22 @@ def test_remat_same_values_and_grads(remat):
         return token_logprobs(p, t, config=c)[:, :-1].sum()
 
     rc = cfg.replace(remat=remat)
-    assert_close_to_scale(jax.value_and_grad(loss)(p, rc), jax.value_and_grad(loss)(p, cfg))
+    base = jax.value_and_grad(loss)(p, cfg)
+    # Rematerialisation only reorders float32 work, so it may move the result as far as round-off
+    # of the inputs does: with these large weights the gradient is ill-conditioned (a relative
+    # change of one float32 epsilon in every weight moves it by ~4e-5 of its scale), more than a
+    # fixed 1e-5 allows for XLA's fusion choices. The bound is measured here, and a structural
+    # mistake (a layer recomputed with the wrong inputs) is orders of magnitude above it.
+    eps = float(np.finfo(np.float32).eps)
+    nudged = jax.value_and_grad(loss)(jax.tree.map(lambda x: x * (1 + eps), p), cfg)
+
+    def worst(a, b):
+        return max(float(np.abs(np.asarray(x) - np.asarray(y)).max() / np.abs(np.asarray(y)).max())
+                   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+    sensitivity = worst(nudged, base)
+    assert 0 < sensitivity < 1e-3  # the bound itself is round-off sized
+    assert worst(jax.value_and_grad(loss)(p, rc), base) <= max(1e-5, sensitivity)
 
 
 def test_bfloat16_policy_close_to_float32():

@@ -18,6 +18,8 @@ encoded after a newline that is then dropped), so ``encode(a) + encode(b)`` deco
 from __future__ import annotations
 
 import json
+import logging
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -252,6 +254,32 @@ def _template_file(path: Path) -> str | None:
     return value
 
 
+class _NoTorchAdvice(logging.Filter):
+    """Drops transformers' import-time advice that PyTorch is missing ("PyTorch was not found. Models
+    won't be available ...", before 5.0 "None of PyTorch, TensorFlow >= 2.0, or Flax have been
+    found ..."): jaxagent uses transformers for tokenizers only, which need no torch, so in a base
+    install the line is noise on every launch. Other records pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("PyTorch was not found", "None of PyTorch"))
+
+
+def _auto_tokenizer():
+    """``transformers.AutoTokenizer``, importing transformers without its "PyTorch was not found"
+    advice (logged once, by the ``transformers`` logger itself, while the package is imported)."""
+    if "transformers" not in sys.modules:
+        logger = logging.getLogger("transformers")
+        quiet = _NoTorchAdvice()
+        logger.addFilter(quiet)
+        try:
+            import transformers  # noqa: F401
+        finally:
+            logger.removeFilter(quiet)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
+
+
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load the tokenizer of a checkpoint directory (local files only, no network).
 
@@ -269,8 +297,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
                              f"holding tokenizer.json, tokenizer_config.json or tokenizer.model")
     extra_eos = _generation_eos(path)
     if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
-        from transformers import AutoTokenizer
-
+        AutoTokenizer = _auto_tokenizer()
         try:
             hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except Exception as e:  # transformers raises many types; name the directory and the cause
