@@ -14,6 +14,7 @@ user over HTTP). Sections reuse the library's own frozen settings classes (`PPOC
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +24,7 @@ from jaxagent.credit.grpo import GRPOConfig
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.credit.reaction import FacaConfig
 from jaxagent.envs.llm_user import LLMUserConfig
+from jaxagent.envs.tau2_retail.agents import EndpointConfig
 from jaxagent.models.sharding import MeshConfig
 from jaxagent.train.rl import RLSettings
 from jaxagent.train.step import OptimSettings
@@ -32,6 +34,16 @@ GYM_NAMES = ("intention", "telepathy", "function", "preference")
 BUILTIN_TOKENIZER = "builtin:gyms"
 
 _field = dataclasses.field
+
+
+def _at_least(name: str, value: int, lo: int, what: str | None = None) -> None:
+    if value < lo:
+        raise ValueError(f"{name}={value}: expected {what or f'an integer >= {lo}'}")
+
+
+def _number_in(name: str, value: float, *, lo: float, lo_open: bool = False, hi: float = math.inf, what: str) -> None:
+    if not (math.isfinite(value) and (value > lo if lo_open else value >= lo) and value <= hi):
+        raise ValueError(f"{name}={value}: expected {what}")
 
 
 def _help(default, text: str):
@@ -131,12 +143,26 @@ class RolloutSection:
     max_turns: int = 12
     max_tokens: int = _help(1024, "an episode ends (max_tokens) before its context exceeds this")
     retries: int = 2
-    timeout_s: float = 60.0
+    timeout_s: float | None = _help(
+        None, "seconds one environment call (reset/step) may take before the loop cancels it and counts a failure; "
+              "must be >= the simulator clients' worst case per call (see simulator_budget_s); null: that + 30 s "
+              "(60 s when no call goes over HTTP)")
+    max_reply_tokens: int = _help(
+        512, "tokens kept of each simulated-user message (longer replies are cut, counted as sim/truncated_replies; "
+             "0: no limit, rollout.max_tokens still holds)")
     tool_schemas_in_prompt: bool = _help(True, "render the tools' JSON schemas into the system prompt")
 
     def validate(self) -> None:
-        if self.slots < 1 or self.decode_steps < 1 or self.max_new_tokens < 1 or self.max_turns < 1:
-            raise ValueError("slots, decode_steps, max_new_tokens and max_turns: expected integers >= 1")
+        for f in ("slots", "capacity", "decode_steps", "max_new_tokens", "max_turns", "max_tokens"):
+            _at_least(f, getattr(self, f), 1)
+        _at_least("retries", self.retries, 0)
+        _at_least("top_k", self.top_k, 0, what="an integer >= 0 (0: no top-k filter)")
+        _number_in("temperature", self.temperature, lo=0.0, what="a finite number >= 0 (0: greedy)")
+        _number_in("top_p", self.top_p, lo=0.0, lo_open=True, hi=1.0, what="a number in (0, 1] (1: no nucleus filter)")
+        if self.timeout_s is not None:
+            _number_in("timeout_s", self.timeout_s, lo=0.0, lo_open=True,
+                       what="a finite number of seconds > 0, or null (derived from the simulator clients' budget)")
+        _at_least("max_reply_tokens", self.max_reply_tokens, 0, what="an integer >= 0 (0: no limit)")
         if self.max_tokens > self.capacity:
             raise ValueError(f"max_tokens={self.max_tokens}: expected <= capacity={self.capacity}")
         if self.park_rows < -1:
@@ -155,8 +181,13 @@ class SFTSection:
     schedule: Literal["constant", "cosine"] = _help(
         "cosine", "after optim.warmup_steps: constant, or cosine decay to final_lr_fraction * lr at the last step")
     final_lr_fraction: float = 0.05
+    max_skipped_share: float = _help(
+        0.5, "stop (non-zero exit) once more than this share of the SFT updates were skipped for non-finite "
+             "values (checked at each logged step once 4 were made, and at the end; 1: never)")
 
     def validate(self) -> None:
+        if not 0.0 <= self.max_skipped_share <= 1.0:
+            raise ValueError(f"max_skipped_share={self.max_skipped_share}: expected a number in [0, 1] (1: never stop)")
         if not 0.0 <= self.final_lr_fraction <= 1.0:
             raise ValueError(f"final_lr_fraction={self.final_lr_fraction}: expected a number in [0, 1]")
         if not 0.0 <= self.noise < 1.0:
@@ -175,10 +206,13 @@ class EvalSection:
     agent: Literal["policy", "oracle", "endpoint"] = _help(
         "policy", "job=eval: the model (policy), the gold-action oracle (tau2_retail), or an OpenAI-compatible "
                   "endpoint (eval.endpoint; tau2_retail)")
-    endpoint: LLMUserConfig | None = _help(None, "agent=endpoint: the OpenAI-compatible server of the agent")
+    endpoint: EndpointConfig | None = _help(
+        None, "agent=endpoint: the agent's OpenAI-compatible server (its system prompt is the environment's, "
+              "its temperature eval.temperature)")
     concurrency: int = _help(8, "agent=oracle/endpoint: episodes played at once")
 
     def validate(self) -> None:
+        _number_in("temperature", self.temperature, lo=0.0, what="a finite number >= 0 (0: greedy)")
         if self.agent == "endpoint" and self.endpoint is None:
             raise ValueError("agent='endpoint': expected eval.endpoint (base_url, model, ...)")
         if self.concurrency < 1:
@@ -195,6 +229,10 @@ class CheckpointSection:
     async_save: bool = True
     export_hf: bool = _help(True, "write the final policy as a Hugging Face checkpoint")
 
+    def validate(self) -> None:
+        _at_least("every", self.every, 0, what="an integer >= 0 (0: only at the end)")
+        _at_least("keep", self.keep, 1, what="an integer >= 1 (checkpoints kept; resume needs one)")
+
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
@@ -204,6 +242,9 @@ class RunConfig:
     seed: int = 0
     steps: int = _help(4, "RL iterations")
     resume: bool = _help(False, "continue runs/<name>/ from its last complete checkpoint")
+    resume_overrides: tuple[str, ...] = _help(
+        (), "resume: dotted keys (or sections) allowed to differ from the run's config, e.g. [optim.lr,eval]; "
+            "resume, resume_overrides, progress, runs_dir, name and steps always may")
     progress: bool = True
     # The quickstart's tiny model starts from random weights drawn wider than transformers' 0.02:
     # its attention is then sharp enough from the start for the copy the demonstrations need to
@@ -229,8 +270,19 @@ class RunConfig:
     def validate(self) -> None:
         if self.steps < 0:
             raise ValueError(f"steps={self.steps}: expected >= 0")
+        if self.job in ("rl", "sft+rl") and self.rl.group_size < 2:
+            raise ValueError(f"rl.group_size={self.rl.group_size}: rl.credit={self.rl.credit!r} normalises each "
+                             "episode's outcome within its group (GRPO), so a group of one gets no advantage; "
+                             "expected an integer >= 2")
+        top = env_max_reward(self.env)
+        if not 0.0 <= self.rl.success_threshold <= top:
+            raise ValueError(f"rl.success_threshold={self.rl.success_threshold}: expected a number in [0, {top}] "
+                             f"(the most reward an episode of env.kind={self.env.kind!r} can get)")
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ValueError(f"name={self.name!r}: expected a directory name (no '/')")
+        from jaxagent.train.resume import check_overrides_known
+
+        check_overrides_known(RunConfig, self.resume_overrides)
         if self.env.kind == "llm_user" and self.job in ("sft", "sft+rl"):
             raise ValueError(f"job={self.job!r}: SFT demonstrations come from the scripted gyms or the tau2 "
                              "oracle; with env.kind='llm_user' use job rl or eval")
@@ -240,13 +292,97 @@ class RunConfig:
         if self.env.kind == "tau2_retail" and self.eval.agent == "policy" and self.tokenizer == BUILTIN_TOKENIZER:
             raise ValueError("tokenizer='builtin:gyms': the gyms' closed vocabulary cannot spell tau2 retail text; "
                              "expected a tokenizer directory (e.g. the checkpoint's, as model.path)")
+        check_timeout(self)
+
+
+#: ``rollout.timeout_s`` when null and no environment call goes over HTTP (gyms, tau2's scripted customer),
+#: and the margin added to the simulator clients' budget when some do.
+DEFAULT_TIMEOUT_S = 60.0
+TIMEOUT_MARGIN_S = 30.0
+
+
+def simulator_clients(env: EnvSection) -> list[tuple[str, LLMUserConfig]]:
+    """The HTTP simulator clients (dotted key, settings) that one environment call (a reset or a
+    step) may use one after the other: ``env.llm_user``; on tau2 retail ``env.tau2.customer_llm``
+    (customer=llm) and ``env.tau2.judge`` (scoring=tau2: the episode's last step also judges)."""
+    if env.kind == "llm_user":
+        return [("env.llm_user", env.llm_user)] if env.llm_user is not None else []
+    if env.kind == "tau2_retail":
+        t = env.tau2
+        out = [("env.tau2.customer_llm", t.customer_llm)] if t.customer == "llm" and t.customer_llm else []
+        return out + ([("env.tau2.judge", t.judge)] if t.scoring == "tau2" and t.judge is not None else [])
+    return []
+
+
+def simulator_budget_s(env: EnvSection) -> float:
+    """The worst case of one environment call's HTTP time: the sum of its clients'
+    `LLMUserConfig.call_budget_s` (0 without HTTP clients)."""
+    return float(sum(c.call_budget_s() for _, c in simulator_clients(env)))
+
+
+def episode_timeout_s(cfg: RunConfig) -> float:
+    """The loop's per-call timeout: ``rollout.timeout_s``, or when null the simulator budget +
+    `TIMEOUT_MARGIN_S` (`DEFAULT_TIMEOUT_S` without HTTP clients)."""
+    if cfg.rollout.timeout_s is not None:
+        return float(cfg.rollout.timeout_s)
+    budget = simulator_budget_s(cfg.env)
+    return budget + TIMEOUT_MARGIN_S if budget > 0 else DEFAULT_TIMEOUT_S
+
+
+def check_timeout(cfg: RunConfig) -> None:
+    """The rule: ``rollout.timeout_s`` (when set) >= `simulator_budget_s`, where a client's budget
+    is ``(max_retries + 1) * (connect_timeout_s + read_timeout_s)`` + its backoff sleeps (each at
+    most ``max(min(backoff_max_s, backoff_base_s * 2**k), retry_after_max_s)``). A shorter loop
+    timeout cancels a call while its client still retries or waits out a Retry-After."""
+    t = cfg.rollout.timeout_s
+    budget = simulator_budget_s(cfg.env)
+    if t is None or t >= budget:
+        return
+    parts = []
+    for key, c in simulator_clients(cfg.env):
+        sleeps = c.call_budget_s() - (c.max_retries + 1) * (c.connect_timeout_s + c.read_timeout_s)
+        parts.append(f"{key}: ({key}.max_retries={c.max_retries} + 1) x ({key}.connect_timeout_s="
+                     f"{c.connect_timeout_s:g} + {key}.read_timeout_s={c.read_timeout_s:g}) + {sleeps:g} s of backoff "
+                     f"(up to {key}.retry_after_max_s={c.retry_after_max_s:g} each) = {c.call_budget_s():g} s")
+    keys = " / ".join(k for k, _ in simulator_clients(cfg.env))
+    raise ValueError(f"rollout.timeout_s={t:g}: below the simulator's worst case per environment call, {budget:g} s "
+                     f"({'; '.join(parts)}); the loop would cancel a call while its client still retries or waits "
+                     f"out a Retry-After. Expected rollout.timeout_s >= {budget:g}, or null (derived: {budget:g} + "
+                     f"{TIMEOUT_MARGIN_S:g} s), or a smaller budget for {keys} (read_timeout_s, max_retries, "
+                     "retry_after_max_s)")
+
+
+def env_max_reward(env: EnvSection) -> float:
+    """The most outcome reward one episode of ``env`` can get: 1.0 in every gym (``MAX_REWARD``),
+    on tau2 retail (a pass) and for an LLM user (its scorer's range is [0, 1] by contract)."""
+    if env.kind == "gym":
+        from jaxagent.envs.gyms.common import MAX_REWARD
+
+        return float(MAX_REWARD)
+    return 1.0
+
+
+def default_name(cfg: RunConfig) -> str:
+    """The run name when none is given: ``quickstart`` for the default job and environment
+    (sft+rl on the intention gym), else ``<job>-<gym or env.kind>`` (e.g. ``eval-tau2_retail``),
+    so runs of other jobs do not land in the quickstart's directory."""
+    env = cfg.env.gym if cfg.env.kind == "gym" else cfg.env.kind
+    if (cfg.job, cfg.env.kind, cfg.env.gym) == ("sft+rl", "gym", "intention"):
+        return "quickstart"
+    return f"{cfg.job}-{env}"
 
 
 def load_config(path: str | Path | None = None, overrides=()) -> RunConfig:
     """The quickstart defaults (``RunConfig()``, whose sections may differ from their classes'
-    defaults), then the YAML file, then ``key=value`` overrides."""
-    return configlib.load(RunConfig, path, list(overrides), base=configlib.to_dict(RunConfig()))
+    defaults), then the YAML file, then ``key=value`` overrides. Without a ``name`` in the file
+    or the overrides, the name is `default_name`."""
+    overrides = list(overrides)
+    cfg = configlib.load(RunConfig, path, overrides, base=configlib.to_dict(RunConfig()))
+    named = any(o.partition("=")[0].strip() == "name" for o in overrides) or (
+        path is not None and "name" in configlib._read_yaml(Path(path)))
+    return cfg if named else dataclasses.replace(cfg, name=default_name(cfg))
 
 
 __all__ = ["BUILTIN_TOKENIZER", "GYM_NAMES", "JOBS", "CheckpointSection", "EnvSection", "EvalSection",
-           "ModelSection", "RolloutSection", "RunConfig", "SFTSection", "Tau2Section", "load_config"]
+           "ModelSection", "RolloutSection", "RunConfig", "SFTSection", "Tau2Section", "check_timeout", "default_name",
+           "env_max_reward", "episode_timeout_s", "load_config", "simulator_budget_s", "simulator_clients"]

@@ -216,9 +216,27 @@ def from_dict(cls: type, data: Mapping[str, Any], *, path: str = "") -> Any:
         obj = cls(**kwargs)
         if callable(getattr(obj, "validate", None)):
             obj.validate()
+    except ConfigError:
+        raise
     except ValueError as e:
-        raise ConfigError(f"{_at(path)}{e}") from e
+        raise ConfigError(_dotted(cls, names, path, str(e))) from e
     return obj
+
+
+def _dotted(cls: type, names: Sequence[str], path: str, message: str) -> str:
+    """A section's check message under its dotted path: ``'top_p=0.0: ...'`` (or the class-named
+    ``'GRPOConfig.eps=0: ...'``) raised in section ``rollout`` reads ``'rollout.top_p=0.0: ...'``;
+    any other message is prefixed with ``'rollout: '``."""
+    if path:
+        if message.startswith((f"{path}.", f"{path}=")):  # already dotted
+            return message
+        for prefix in (f"{cls.__name__}.", ""):
+            if message.startswith(prefix):
+                rest = message[len(prefix):]
+                head = rest.split("=", 1)[0].split(":", 1)[0]
+                if head in names and len(head) < len(rest):
+                    return f"{path}.{rest}"
+    return f"{_at(path)}{message}"
 
 
 def _plain(value: Any) -> Any:
@@ -350,12 +368,33 @@ def apply_overrides(data: Mapping, overrides: Sequence[str], *, schema: type | N
 # ----------------------------------------------------------------------------- files
 
 
+def _check_duplicate_keys(node: yaml.Node | None, path: Path, at: str = "") -> None:
+    """A key given twice in one mapping of a YAML file is an error (PyYAML keeps the last one
+    silently), named by its dotted path and both lines."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if key is not None and key != "<<":
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise ConfigError(f"{path}: line {line}: duplicate key {_join(at, key)} (first given on line "
+                                      f"{seen[key]}); expected each key once per mapping")
+                seen[key] = line
+            _check_duplicate_keys(value_node, path, _join(at, key) if key is not None else at)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicate_keys(item, path, f"{at}[{i}]")
+
+
 def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     resolved = path.resolve()
     if resolved in chain:
         raise ConfigError("include cycle: " + " -> ".join(str(p) for p in (*chain, resolved)))
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        _check_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), path)
+        data = yaml.safe_load(text)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config file: {e.strerror or e}") from e
     except yaml.YAMLError as e:
@@ -390,7 +429,29 @@ def load(
 # ----------------------------------------------------------------------------- help
 
 
-def _rows(cls: type, prefix: str, instance: Any) -> list[tuple[str, str, str, str]]:
+DEFAULT_SHOWN_MAX = 40
+"""A default whose repr is longer than this is elided in `describe` (its length and first characters)."""
+
+
+def _default_text(value: Any, owner: type) -> str:
+    """``= repr`` of a default, elided past `DEFAULT_SHOWN_MAX` characters: a string as
+    ``= <N chars: 'first ch...'>``, anything else as a pointer to the class that defines it."""
+    if value is dataclasses.MISSING:
+        return "(required)"
+    text = repr(value)
+    if len(text) <= DEFAULT_SHOWN_MAX:
+        return "= " + text
+    if isinstance(value, str):
+        return f"= <{len(value)} chars: {text[:13]}...{text[0]}>"
+    return f"= (long; see {owner.__name__} in {owner.__module__.replace('.', '/')}.py)"
+
+
+def _rows(cls: type, prefix: str, instance: Any,
+          seen: dict[tuple, str] | None = None) -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, default, help) of every key under ``cls``. A section whose class and
+    defaults equal those of one listed before (``seen``: signature -> its key) is not expanded
+    again: its row points at the first one's keys."""
+    seen = {} if seen is None else seen
     rows = []
     hints = _hints(cls)
     for f in _fields(cls):
@@ -404,17 +465,67 @@ def _rows(cls: type, prefix: str, instance: Any) -> list[tuple[str, str, str, st
         else:
             default = dataclasses.MISSING
         section = _section(tp)
-        if section is None or default is None:
-            shown = "(required)" if default is dataclasses.MISSING else "= " + repr(default)
-            rows.append((key, _type_name(tp), shown, f.metadata.get("help", "")))
-        if section is not None:
-            rows += _rows(section, key, default if isinstance(default, section) else None)
+        help_text = f.metadata.get("help", "")
+        if section is None:
+            rows.append((key, _type_name(tp), _default_text(default, cls), help_text))
+            continue
+        inner = default if isinstance(default, section) else None
+        signature = (section, tuple(_rows(section, "", inner, {})))
+        first = seen.get(signature)
+        if first is not None:
+            note = f"keys and defaults as {first}.*"
+            shown = "= None" if default is None else "(section)"
+            rows.append((key, _type_name(tp), shown, f"{help_text}; {note}" if help_text else note))
+            continue
+        seen[signature] = key
+        if default is None:
+            rows.append((key, _type_name(tp), "= None", help_text))
+        rows += _rows(section, key, inner, seen)
     return rows
 
 
-def describe(cls: type) -> str:
-    """Every dotted key of the schema ``cls`` with its type, default and help text, one per line."""
+def help_width(width: int | None = None) -> int:
+    """``width``, or the terminal's (``COLUMNS`` first; 100 when there is no terminal); at least 40."""
+    import shutil
+
+    return max(40, width if width is not None else shutil.get_terminal_size((100, 24)).columns)
+
+
+def describe(cls: type, width: int | None = None) -> str:
+    """Every dotted key of the schema ``cls`` with its type, default and help text, in lines of at
+    most ``width`` characters (`help_width`: the terminal's by default).
+
+    A row that fits is one line, ``key  type  = default  # help``, the columns aligned; a longer
+    one continues on indented lines (the help as a ``# ...`` paragraph). Long defaults are elided
+    (`DEFAULT_SHOWN_MAX`) and a section repeated with the same defaults is listed once.
+    """
+    import textwrap
+
+    width = help_width(width)
     rows = _rows(cls, "", None)
-    widths = [max((len(r[i]) for r in rows), default=0) for i in range(2)]
-    lines = [f"{k:<{widths[0]}}  {t:<{widths[1]}}  {d}" + (f"  # {h}" if h else "") for k, t, d, h in rows]
-    return "\n".join(line.rstrip() for line in lines)
+    kw = max((len(r[0]) for r in rows), default=0)
+    tw = max((len(r[1]) for r in rows if len(r[1]) <= 24), default=0)
+    stacked = width - kw - 2 < 40          # a narrow terminal: the key on a line of its own
+    indent = " " * (4 if stacked else kw + 2)
+    avail = width - len(indent)
+
+    def wrap(text: str, subsequent: str = "") -> list[str]:
+        return textwrap.wrap(text, avail, subsequent_indent=subsequent, break_on_hyphens=False) or [""]
+
+    lines = []
+    for key, tp, default, help_text in rows:
+        right = f"{tp:<{tw}}  {default}" if len(tp) <= tw and not stacked else f"{tp}  {default}"
+        full = right + (f"  # {help_text}" if help_text else "")
+        if not stacked and len(full) <= avail:
+            lines.append(f"{key:<{kw}}  {full}".rstrip())
+            continue
+        if stacked and len(key) + 2 + len(full) <= width:
+            lines.append(f"{key}  {full}".rstrip())
+            continue
+        body = wrap(right, "  ") + (wrap("# " + help_text, "  ") if help_text else [])
+        if stacked:
+            lines += textwrap.wrap(key, width) + [indent + b for b in body]
+        else:
+            lines.append(f"{key:<{kw}}  {body[0]}".rstrip())
+            lines += [(indent + b).rstrip() for b in body[1:]]
+    return "\n".join(lines)

@@ -30,6 +30,11 @@ from pathlib import Path
 
 from jaxagent import configlib
 from jaxagent.config import JOBS, RunConfig, load_config
+from jaxagent.models.hf import CheckpointError
+from jaxagent.rollout.loop import EpisodeBudgetError
+from jaxagent.text.tokenizer import TokenizerError
+from jaxagent.train.rl import SimulatorFailureBudget
+from jaxagent.train.step import TrainingFailed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,12 +44,39 @@ def _config_files() -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in d.glob("*.yaml")) if d.is_dir() else []
 
 
-def build_parser() -> argparse.ArgumentParser:
-    epilog = ("jobs: " + ", ".join(JOBS) + "\nshort forms: env=K (env.kind=K), agent=A (eval.agent=A)"
-              + "\nconfig files: " + (", ".join(_config_files()) or "(none found)")
-              + "\n\nkeys (key=value overrides; types and defaults):\n" + configlib.describe(RunConfig))
+def build_parser(width: int | None = None) -> argparse.ArgumentParser:
+    """The command line; ``--help`` fits ``width`` columns (default: the terminal's, 100 without one)."""
+    import textwrap
+
+    from jaxagent.models import preset_names
+
+    width = configlib.help_width(width)
+
+    class Formatter(argparse.RawDescriptionHelpFormatter):
+        """Keeps the description's and epilog's line breaks, wrapping any line wider than the
+        terminal (continuations indented under it)."""
+
+        def __init__(self, prog):
+            super().__init__(prog, width=width)
+
+        def _fill_text(self, text, text_width, indent):
+            out = []
+            for line in text.splitlines():
+                lead = " " * (len(line) - len(line.lstrip()))
+                out += textwrap.wrap(line, text_width - len(indent), initial_indent=indent, subsequent_indent=(
+                    indent + lead + "    "), break_on_hyphens=False, break_long_words=True) or [indent]
+            return "\n".join(out)
+
+    def para(label, items):
+        return textwrap.fill(label + ", ".join(items), width, subsequent_indent="    ", break_on_hyphens=False)
+
+    epilog = "\n".join([
+        para("jobs: ", JOBS), "short forms: env=K (env.kind=K), agent=A (eval.agent=A)",
+        para("model presets (model.preset=NAME): ", preset_names()),
+        para("config files: ", _config_files() or ["(none found)"]), "",
+        "keys (key=value overrides; types and defaults):", configlib.describe(RunConfig, width)])
     ap = argparse.ArgumentParser(prog="python -m jaxagent.launch", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)
+                                 formatter_class=Formatter, epilog=epilog)
     ap.add_argument("--config", help="a YAML file (see configs/); overrides follow as key=value")
     ap.add_argument("--dry-run", action="store_true",
                     help="validate the config, build the mesh and count parameters (no weights, no run)")
@@ -124,14 +156,62 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
     except configlib.ConfigError as e:
         raise SystemExit(f"config error: {e}") from None
-    if args.dry_run:
-        print(json.dumps(dry_run(cfg), indent=2))
-        return 0
-    from jaxagent.train.jobs import run_job
+    try:
+        check_paths(cfg, dry_run=args.dry_run)
+        if args.dry_run:
+            print(json.dumps(dry_run(cfg), indent=2))
+            return 0
+        check_mesh(cfg)
+        from jaxagent.train.jobs import run_job
 
-    summary = run_job(cfg)
+        summary = run_job(cfg)
+    except (configlib.ConfigError, EpisodeBudgetError) as e:  # found once files, devices or the first prompt are seen
+        raise SystemExit(f"config error: {e}") from None
+    except (CheckpointError, TokenizerError) as e:  # a damaged or foreign input file, named
+        raise SystemExit(f"error: {e}") from None
+    except SimulatorFailureBudget as e:  # the user simulator kept failing (rl.failure_budget_iters, eval before)
+        raise SystemExit(f"simulator failure: {e}") from None
+    except TrainingFailed as e:  # updates skipped past {rl,sft}.max_skipped_share, a collapse (rl.fail_on_collapse)
+        raise SystemExit(f"training failed: {e}") from None
+    except FileNotFoundError as e:  # resume: no checkpoint step restores (CheckpointDamaged names each error)
+        from jaxagent.train.checkpoint import CheckpointDamaged
+
+        if isinstance(e, CheckpointDamaged):
+            raise SystemExit(f"error: {e}") from None
+        raise
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def check_paths(cfg: RunConfig, *, dry_run: bool = False) -> None:
+    """``model.path`` and ``tokenizer`` exist. Before a download (``--dry-run``) a checkpoint
+    directory that is not here yet is let through, with the tokenizer when it is that same
+    directory: `dry_run` then takes the preset's shapes and says so."""
+    from jaxagent.config import BUILTIN_TOKENIZER
+
+    m = cfg.model
+    model_absent = m.path is not None and not Path(m.path).is_dir()
+    if model_absent and not dry_run:
+        raise configlib.ConfigError(f"model.path={m.path!r}: not a directory; expected a Hugging Face checkpoint "
+                                    "directory (config.json + *.safetensors), or null for model.preset")
+    if cfg.tokenizer != BUILTIN_TOKENIZER and not Path(cfg.tokenizer).is_dir():
+        same = m.path is not None and Path(cfg.tokenizer).resolve() == Path(m.path).resolve()
+        if not (dry_run and model_absent and same):
+            raise configlib.ConfigError(f"tokenizer={cfg.tokenizer!r}: not a directory; expected a tokenizer (or "
+                                        f"checkpoint) directory holding tokenizer.json, tokenizer_config.json or "
+                                        f"tokenizer.model, or {BUILTIN_TOKENIZER!r}")
+
+
+def check_mesh(cfg: RunConfig) -> None:
+    """``mesh.*`` can be laid on this machine's devices (``--dry-run`` instead builds an abstract
+    mesh of the size asked for)."""
+    import jax
+
+    try:
+        cfg.mesh.shape(len(jax.devices()))
+    except ValueError as e:
+        raise configlib.ConfigError(f"{e} (on {len(jax.devices())} {jax.default_backend()} device(s) here; "
+                                    "expected a mesh whose product is the device count, or -1 on one axis)") from None
 
 
 if __name__ == "__main__":

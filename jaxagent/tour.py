@@ -4,7 +4,8 @@ teacher-forced log-probs, and continue prompts greedily with the KV-cache genera
 tokens and log-probs against teacher forcing), printing what it did and how fast.
 
     python -m jaxagent.tour                       # tiny random Qwen2 on this machine
-    python -m jaxagent.tour --model tiny-qwen3    # any preset name, or a local HF checkpoint dir
+    python -m jaxagent.tour --model tiny-qwen3    # any preset name (random weights)
+    python -m jaxagent.tour --model runs/quickstart/hf   # a local HF checkpoint dir (its weights)
     python -m jaxagent.tour --model qwen2.5-7b --dry-run   # shapes and parameter count only
 """
 
@@ -25,7 +26,6 @@ from jaxagent.models import (
     DTypePolicy,
     LogicalRules,
     MeshConfig,
-    QwenConfig,
     forward,
     load_pretrained,
     make_mesh,
@@ -57,7 +57,8 @@ def demo(args: argparse.Namespace) -> dict:
     rules = LogicalRules(mesh)
     devices = f"{len(jax.devices())} x {jax.devices()[0].device_kind} ({jax.default_backend()})"
     model_path = Path(args.model)
-    if model_path.is_dir():
+    trained = model_path.is_dir()    # a checkpoint's weights; else a preset's random initial weights
+    if trained:
         config, params = load_pretrained(model_path, rules=rules)
         source = f"loaded HF checkpoint {model_path}"
     else:
@@ -73,8 +74,8 @@ def demo(args: argparse.Namespace) -> dict:
           f"{config.num_hidden_layers} layers, {config.num_attention_heads} heads / "
           f"{config.num_key_value_heads} KV heads, vocab {config.vocab_size}, dtype {config.dtype.param_dtype}")
     print(f"[mesh]  {dict(mesh.shape)} over {devices}")
-    report = {"model": args.model, "architecture": config.architecture, "params": n_params,
-              "mesh": dict(mesh.shape), "devices": devices}
+    report = {"model": args.model, "weights": "checkpoint" if trained else "random",
+              "architecture": config.architecture, "params": n_params, "mesh": dict(mesh.shape), "devices": devices}
     if args.dry_run:
         q = param_shardings(config, rules)["layers"]["q"]
         print(f"[dry-run] layers/q sharded as {q.spec}; nothing was allocated")
@@ -138,9 +139,17 @@ def demo(args: argparse.Namespace) -> dict:
         raise SystemExit("greedy continuation disagrees with the teacher-forced argmax")
     report["wall_s"] = time.perf_counter() - t_start
     (out / "demo.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"[done]  {report['wall_s']:.1f}s; report in {out / 'demo.json'}. This is a random model: the "
-          "tokens are meaningless until the training jobs land (see README).")
+    print(f"[done]  {report['wall_s']:.1f}s; report in {out / 'demo.json'}. {weights_note(trained, args.model)}")
     return report
+
+
+def weights_note(trained: bool, model: str) -> str:
+    """What the tour's numbers mean for these weights: a checkpoint's, or a preset's random init."""
+    if trained:
+        return (f"These are the weights of the checkpoint {model}; the prompts are random token ids, so "
+                "the continuations show the generator at work, not what the model says to a real prompt.")
+    return (f"This is a random model (preset {model!r}, random initial weights): its tokens are meaningless. "
+            "Train one with python -m jaxagent.launch and pass its runs/<name>/hf directory as --model.")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,9 +14,11 @@ every call after ``--user-delay`` seconds. The same episodes (``--tasks`` x ``--
   (concurrently), turn by turn; then the next batch.
 
 Reports episodes/s of each and their ratio, the fraction of our wall time the device was busy,
-prefill tokens with prefix reuse against without (the whole prompt every turn), and episodes that
-failed (``--fault-rate`` makes the server fail that share of calls with a 500; those are retried,
-and counted when retries run out). The last line of stdout is one JSON object.
+prefill tokens with prefix reuse against without (the whole prompt every turn), and, for both
+loops, the episodes that failed and the simulator's HTTP attempts, retries and failed attempts by
+cause (``--fault-rate`` makes the server fail that share of calls with a 500; those are retried,
+and an episode fails when its retries run out: in the lockstep loop it stops there, counted as
+``lockstep_failed_episodes``). The last line of stdout is one JSON object.
 
     python3 scripts/bench_rollout.py
 """
@@ -118,7 +120,9 @@ def main(argv=None) -> dict:
     tasks = {f"task{i}": {"profile": {"instructions": f"you want trip {i}"}, "opening": "i need a trip"}
              for i in range(args.tasks)}
     sp = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_tokens=tuple(tok.eos_token_ids))
-    ep_cfg = EpisodeConfig(max_turns=args.turns, max_tokens=args.capacity, retries=1)
+    # the loop's per-call timeout covers the client's own retries (jaxagent.config.check_timeout)
+    ep_cfg = EpisodeConfig(max_turns=args.turns, max_tokens=args.capacity, retries=1,
+                           timeout_s=user_cfg.call_budget_s() + 30.0)
     n_episodes = args.tasks * args.group
     park_rows = 0 if args.no_reuse else (n_episodes if args.park_rows is None else args.park_rows)
     stop_ids = np.full((args.slots, max(1, len(sp.stop_tokens))), -1, np.int32)
@@ -154,9 +158,9 @@ def main(argv=None) -> dict:
                                    key=jax.random.key(1), config=ep_cfg)
         wall = time.perf_counter() - t0
         await client.aclose()
-        return trajs, wall, dict(engine.stats)
+        return trajs, wall, dict(engine.stats), client.stats.as_dict()
 
-    async def lockstep_chunk(client, chunk, turn_key):
+    async def lockstep_chunk(client, chunk, turn_key, failures):
         envs, chats = [], []
         for task in chunk:
             env = LLMUserEnv(client, tasks, max_user_turns=args.turns)
@@ -182,13 +186,18 @@ def main(argv=None) -> dict:
             async def answer(i, m):
                 try:
                     return await envs[i].step(m)
-                except Exception:  # noqa: BLE001
+                except Exception as e:  # noqa: BLE001 - counted: the episode ends here as a failure
+                    failures["errors"] += 1
+                    failures["last_error"] = f"{type(e).__name__}: {e}"[:300]
                     return None
 
             steps = await asyncio.gather(*(answer(i, m) for i, m in zip(alive, msgs)))
             nxt = []
             for i, st in zip(alive, steps):
-                if st is None or st.done:
+                if st is None:
+                    failures["episodes"] += 1
+                    continue
+                if st.done:
                     continue
                 chats[i].add(*[m.to_chat() for m in st.messages])
                 nxt.append(i)
@@ -206,15 +215,17 @@ def main(argv=None) -> dict:
             if T + sp.max_new_tokens <= args.capacity:
                 lockstep_generate([[1] * T], jax.random.key(0)).tokens.block_until_ready()
         prefill = 0
+        failures = {"episodes": 0, "errors": 0, "last_error": None}
         t0 = time.perf_counter()
         for c in range(0, len(episodes), args.slots):
-            prefill += await lockstep_chunk(client, episodes[c : c + args.slots], jax.random.fold_in(jax.random.key(1), c))
+            prefill += await lockstep_chunk(client, episodes[c : c + args.slots],
+                                            jax.random.fold_in(jax.random.key(1), c), failures)
         wall = time.perf_counter() - t0
         await client.aclose()
-        return wall, prefill
+        return wall, prefill, failures, client.stats.as_dict()
 
-    trajs, wall_ours, stats = asyncio.run(ours())
-    wall_lock, prefill_lock = asyncio.run(lockstep())
+    trajs, wall_ours, stats, sim_ours = asyncio.run(ours())
+    wall_lock, prefill_lock, lock_failures, sim_lock = asyncio.run(lockstep())
     server.shutdown()
     without_reuse = sum(s.content_start for t in trajs for s in t.spans if s.generated)
     failed = sum(t.termination == "simulator_failure" for t in trajs)
@@ -238,6 +249,14 @@ def main(argv=None) -> dict:
         "failed_episodes_counted": int(failed),
         "simulator_errors_counted": int(sum(t.info["simulator_errors"] for t in trajs)),
         "simulator_retries_counted": int(sum(t.info["simulator_retries"] for t in trajs)),
+        "simulator_attempts": sim_ours["attempts"],
+        "simulator_failed_attempts": sim_ours["failures"],
+        "lockstep_failed_episodes": lock_failures["episodes"],
+        "lockstep_simulator_errors": lock_failures["errors"],
+        "lockstep_simulator_attempts": sim_lock["attempts"],
+        "lockstep_simulator_retries": sim_lock["retries"],
+        "lockstep_simulator_failed_attempts": sim_lock["failures"],
+        "lockstep_last_error": lock_failures["last_error"],
         "decode_steps": stats["decode_steps"],
         "engine_calls": stats["engine_calls"],
         "park_rows": park_rows,

@@ -256,7 +256,8 @@ def rl_overrides(user: Sequence[str], *, runs_dir: str, prefix: str, gym: str, s
                  ) -> list[str]:
     hf = Path(runs_dir) / sft_name(prefix, gym, seed) / "hf"
     kept = [o for o in user if _key(o) not in PRESET_ONLY]
-    return [*kept, "job=rl", f"name={rl_name(prefix, gym, seed, condition)}", f"runs_dir={runs_dir}", f"seed={seed}",
+    # A collapse is a finding of the grid (its summary says so), not a reason to stop it.
+    return ["rl.fail_on_collapse=false", *kept, "job=rl", f"name={rl_name(prefix, gym, seed, condition)}", f"runs_dir={runs_dir}", f"seed={seed}",
             f"env.gym={gym}", f"model.path={hf}", *CONDITIONS[condition], "progress=false"]
 
 

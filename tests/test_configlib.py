@@ -431,6 +431,54 @@ def test_describe_lists_every_dotted_key_with_type_and_default():
     assert lines["credit.gamma"].endswith("# turn-level discount")
 
 
+@dataclasses.dataclass(frozen=True)
+class Client:
+    base_url: str
+    prompt: str = "You are playing a human user who is talking to an AI assistant (the agent)."
+    markers: tuple[str, ...] = tuple(f"###MARKER_{i}###" for i in range(8))
+    retries: int = dataclasses.field(default=4, metadata={"help": "attempts after the first " * 12})
+
+
+@dataclasses.dataclass(frozen=True)
+class Clients:
+    user: Client | None = None
+    judge: Client | None = dataclasses.field(default=None, metadata={"help": "the judge"})
+    other: Client = dataclasses.field(default_factory=lambda: Client("http://h", retries=1))
+    long_section_for_narrow_terms: Credit = dataclasses.field(default_factory=Credit)
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 100, 140])
+def test_describe_fits_the_width_and_keeps_every_key(width):
+    text = configlib.describe(Clients, width)
+    assert all(len(line) <= width for line in text.splitlines())
+    for key in ("user.base_url", "user.prompt", "other.retries", "long_section_for_narrow_terms.gamma"):
+        assert key in text
+    assert "(required)" in text and "attempts after the first" in text
+
+
+def test_describe_elides_long_defaults_and_lists_a_repeated_section_once():
+    lines = {line.split()[0]: line for line in configlib.describe(Clients, 200).splitlines()}
+    prompt = Client.prompt
+    assert lines["user.prompt"].endswith(f"= <{len(prompt)} chars: 'You are play...'>") and prompt not in str(lines)
+    assert f"(long; see Client in {__name__.replace('.', '/')}.py)" in lines["user.markers"]
+    assert configlib.describe(Clients, 200).count("chars: 'You are play") == 2   # user.*, other.* (other defaults)
+    assert not any(k.startswith("judge.") for k in lines)                       # same class and defaults as user
+    assert lines["judge"].endswith("= None  # the judge; keys and defaults as user.*")
+    assert lines["other.retries"].split("=")[1].split()[0] == "1"               # its own defaults: expanded
+    assert "= 1.0" in lines["long_section_for_narrow_terms.gamma"]
+    # the long-but-fitting rows of the older test schema stay one line each
+    one = {line.split()[0]: line for line in configlib.describe(Config, 200).splitlines()}
+    assert one["credit.gamma"].endswith("# turn-level discount") and "= 0.0003" in one["optim.lr"]
+
+
+def test_describe_default_width_is_the_terminals(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "50")
+    assert configlib.help_width() == 50
+    assert max(len(line) for line in configlib.describe(Clients).splitlines()) <= 50
+    monkeypatch.setenv("COLUMNS", "10")
+    assert configlib.help_width() == 40          # a floor: narrower terminals get 40 columns
+
+
 # ----------------------------------------------------------------------------- properties
 
 _text = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)

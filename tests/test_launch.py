@@ -94,3 +94,36 @@ def test_run_log_shows_live_figures_and_reads_back_past_a_cut_record(tmp_path, c
     log = RunLog(tmp_path / "run", progress=False)
     assert [(r["phase"], r["step"], r["success"]) for r in log.read()] == [("rl", 0, 0.5), ("rl", 1, 0.75)]
     log.close()
+
+
+# --------------------------------------------------------------------------------------------- --help
+
+
+def test_help_fits_the_terminal_and_lists_presets_once_each():
+    import os
+    import subprocess
+    import sys
+
+    from jaxagent.models import preset_names
+
+    env = dict(os.environ, COLUMNS="100")
+    out = subprocess.run([sys.executable, "-m", "jaxagent.launch", "--help"], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=300, check=True).stdout
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 100, max(lines, key=len)
+    presets = out[out.index("\nmodel presets"):out.index("\nconfig files:")]
+    assert all(name in presets for name in preset_names())
+    # the user simulator's long prompt is elided and its section (four keys use it) listed once
+    assert "You are playing a human user" not in out
+    assert out.count("system_prompt") == 1 and "env.llm_user.system_prompt" in out
+    assert " ".join(out.split()).count("keys and defaults as env.llm_user.*") == 2   # customer_llm, judge
+    assert "eval.endpoint.base_url" in out and "eval.endpoint.system_prompt" not in out
+
+
+@pytest.mark.parametrize("width", [60, 80, 132])
+def test_help_width_argument(width):
+    from jaxagent.launch import build_parser
+
+    text = build_parser(width).format_help()
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "model.preset" in text and "tiny-qwen2" in text and "--dry-run" in text

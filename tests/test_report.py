@@ -164,6 +164,72 @@ def test_plot_run_skips_absent_data(tmp_path):
     assert not (tmp_path / "c").exists()
 
 
+def _integer_ticks(axis):
+    ticks = axis.get_majorticklocs()
+    return len(ticks) >= 2 and all(float(t).is_integer() for t in ticks)
+
+
+def _labelled(ax, label):
+    return [a for a in (*ax.lines, *ax.patches, *ax.collections) if a.get_label() == label]
+
+
+def test_reward_figure_marks_where_sft_ends_and_rl_starts():
+    fig = report.reward_figure(_full_run())
+    (ax,) = fig.axes
+    (line,) = _labelled(ax, "RL starts (after SFT)")
+    assert list(line.get_xdata()) == [0.0, 0.0] and line.get_linestyle() == "--"
+    (span,) = _labelled(ax, "SFT (between the first eval and RL)")
+    x0, x1 = span.get_x(), span.get_x() + span.get_width()
+    assert (x0, x1) == (-1.0, 0.0)
+    (points,) = _labelled(ax, "eval success")
+    assert points.get_offsets().tolist() == [[-1.0, 0.1], [3.0, 0.4], [6.0, 0.6]]   # before, during, after
+    assert any(t.get_text().startswith("before (pre-SFT) 0.10") for t in ax.texts)
+    fig.canvas.draw()
+    labels = {t.get_text() for t in ax.get_xticklabels()}
+    assert "pre-SFT" in labels and "-1" not in labels and _integer_ticks(ax.xaxis)
+    # without SFT nothing is marked and the first evaluation sits at iteration 0
+    no_sft = [r for r in _full_run() if r["phase"] != "sft"]
+    (ax,) = report.reward_figure(no_sft).axes
+    assert not _labelled(ax, "RL starts (after SFT)") and not _labelled(ax, "SFT (between the first eval and RL)")
+    assert _labelled(ax, "eval success")[0].get_offsets().tolist()[0] == [0.0, 0.1]
+
+
+@pytest.mark.parametrize("rates", [(0.50, 0.51, 0.53), (0.96, 0.97, 0.99), (0.0, 0.01, 0.03)])
+def test_reward_axis_is_the_whole_rate_scale(rates):
+    m = [_rl(i, success=r, reward=r) for i, r in enumerate(rates)] + [_eval(3, "after", rates[-1])]
+    (ax,) = report.reward_figure(m).axes
+    lo, hi = ax.get_ylim()
+    assert lo <= 0.0 and hi >= 1.0 and hi - lo < 1.3       # a 3% change spans 3% of the axis
+    assert _integer_ticks(ax.xaxis)
+    # a reward outside [0, 1] widens the axis instead of being cut off
+    (ax,) = report.reward_figure([_rl(0, reward=-0.5), _rl(1, reward=2.0)]).axes
+    lo, hi = ax.get_ylim()
+    assert lo <= -0.5 and hi >= 2.0
+
+
+def test_turns_tokens_and_loss_axes_start_at_zero_with_integer_ticks():
+    m = [_rl(i, turns=10.0 + 0.1 * i, response_tokens=200.0 + i) for i in range(4)] + [_sft(i, 2.0 - 0.01 * i)
+                                                                                          for i in range(3)]
+    ax1, ax2 = report.turns_length_figure(m).axes
+    for ax, top in ((ax1, 10.3), (ax2, 203.0)):
+        lo, hi = ax.get_ylim()
+        assert lo == 0.0 and top <= hi <= 1.3 * top and _integer_ticks(ax.xaxis)
+    (ax,) = report.sft_loss_figure(m).axes
+    lo, hi = ax.get_ylim()
+    assert lo == 0.0 and 2.0 <= hi <= 2.6 and _integer_ticks(ax.xaxis)
+
+
+def test_infogain_heatmap_explains_its_grey_cells():
+    fig = report.infogain_figure(_full_run())
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert texts == [report.GREY_CELLS_NOTE] and texts[0].startswith("grey: no valid turn at this index")
+    assert _integer_ticks(ax.xaxis)
+    full = [_rl(i, **{"info/gain_by_turn": [0.1, 0.2]}) for i in range(3)]   # no grey cell: no note
+    assert report.infogain_figure(full).axes[0].get_legend() is None
+    assert report.infogain_figure([_rl(0)]) is None and report.reward_figure([_sft(0, 1.0)]) is None
+
+
 def test_gain_by_turn_matrix_nan_where_no_value():
     m = [_rl(2, **{"info/gain_by_turn": [0.5, None]}), _rl(3),  # no gains logged at step 3
          _rl(4, **{"info/gain_by_turn": [0.25, -0.5, 1.0]}), _rl(5, **{"info/gain_by_turn": [float("nan")]})]

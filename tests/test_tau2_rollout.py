@@ -75,8 +75,10 @@ def test_rl_iteration_infopo_faca_on_tau2():
     factory.record = False
     params = init_params(jax.random.key(0), CFG)
     tx = make_optimizer(OptimSettings(lr=1e-3))
+    # microbatches=4: the update's ~4k-token rows one at a time (gradient accumulation), so the
+    # attention backward holds one row's [heads, L, L] scores, not four (7 GB otherwise)
     settings = RLSettings(credit="infopo+faca", group_size=2, tasks_per_step=2, ppo_epochs=1, minibatch_size=4,
-                          length_multiple=512)
+                          microbatches=4, length_multiple=512)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12, stop_tokens=tuple(TOK.eos_token_ids))
     trainer = RLTrainer(TrainState.create(params, tx), tx, config=CFG, tokenizer=TOK, make_env=factory,
                         settings=settings, ppo=PPOConfig(kl_coef=0.01, entropy_coef=0.001), sampling=sampling,
@@ -122,6 +124,25 @@ def test_launch_eval_oracle_writes_per_task_results(tmp_path, capsys):
     tasks = [json.loads(line) for line in (tmp_path / "oracle" / "tasks.jsonl").read_text().splitlines()]
     assert [t["task_id"] for t in tasks] == ["0", "1", "2", "3", "4", "6"]
     assert all(t["runs"] == 2 and t["reward"] == 1.0 and t["db"] == 1.0 for t in tasks)
+
+
+def test_launch_eval_prints_a_summary_not_a_line_per_task(tmp_path, capsys):
+    assert main(["job=eval", "env=tau2_retail", "agent=oracle", "env.tau2.tasks=0:8", "eval.k=2",
+                 f"runs_dir={tmp_path}", "name=brief"]) == 0
+    out, err = capsys.readouterr()
+    printed = json.loads(out)
+    assert "success_by_task" not in printed and printed["tasks"] == 8 and printed["pass_hat_k"] == 1.0
+    assert printed["files"]["tasks.jsonl"] == str(tmp_path / "brief" / "tasks.jsonl")
+    assert len(out.splitlines()) < 40                          # no line per task
+    lines = err.strip().splitlines()[-5:]
+    assert lines[0].startswith("tau2 retail eval (agent=oracle, customer=scripted): 8 tasks x k=2 = 16 episodes")
+    assert "pass^2 1.000" in lines[2] and "DB 1.000" in lines[2] and "COMMUNICATE 1.000" in lines[2]
+    assert lines[3] == "  terminations: user_stop 16" and str(tmp_path / "brief") in lines[4]
+    assert not any('"0":' in line or "task_id" in line for line in err.splitlines())
+    # the rows stay in the files
+    written = json.loads((tmp_path / "brief" / "summary.json").read_text())
+    assert len(written["success_by_task"]) == 8
+    assert len((tmp_path / "brief" / "tasks.jsonl").read_text().splitlines()) == 8
 
 
 def test_aliases_and_config_errors():
@@ -241,7 +262,11 @@ def test_tiny_model_against_the_llm_customer_over_http():
 def test_launch_eval_with_a_local_checkpoint(tmp_path):
     """job=eval env=tau2_retail with model.path: the checkpoint plays through the engine, the run
     directory gets the per-episode reports and the summary the tau2 figures."""
+    import os
     import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
 
     from jaxagent.models import save_pretrained
 
@@ -249,10 +274,17 @@ def test_launch_eval_with_a_local_checkpoint(tmp_path):
     save_pretrained(ckpt, CFG, init_params(jax.random.key(0), CFG))
     for f in (FIXTURES / "tokenizer_qwen").iterdir():
         shutil.copy2(f, ckpt / f.name)
-    assert main(["job=eval", "env=tau2_retail", f"model.path={ckpt}", f"tokenizer={ckpt}", "env.tau2.tasks=0:2",
-                 "eval.tasks=2", f"rollout.capacity={CAP}", f"rollout.max_tokens={CAP}", "rollout.max_turns=2",
-                 "rollout.max_new_tokens=8", "rollout.slots=2", f"runs_dir={tmp_path}", "name=local",
-                 "progress=false", "checkpoint.export_hf=false"]) == 0
+    args = ["job=eval", "env=tau2_retail", f"model.path={ckpt}", f"tokenizer={ckpt}", "env.tau2.tasks=0:2",
+            "eval.tasks=2", f"rollout.capacity={CAP}", f"rollout.max_tokens={CAP}", "rollout.max_turns=2",
+            "rollout.max_new_tokens=8", "rollout.slots=2", f"runs_dir={tmp_path}", "name=local",
+            "progress=false", "checkpoint.export_hf=false"]
+    # A launch of its own on one CPU device, as a user runs it: on the tests' 8 simulated devices the
+    # mesh (fsdp=-1) spans all eight and the engine's two-row ~4k-token prefill runs whole on each of
+    # them (8 x 1.3 GB of attention scores in this process).
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    proc = subprocess.run([sys.executable, "-m", "jaxagent.launch", *args], cwd=Path(__file__).parents[1], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "local"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["env"] == "tau2_retail" and summary["eval_tasks"] == 2 and summary["success_before"] == 0.0

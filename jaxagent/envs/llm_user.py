@@ -21,18 +21,33 @@ OpenAI, ...) that plays the user of a task from its hidden profile.
   :func:`parse_reply` finds JSON anywhere in the text (code fences, prose around it, single
   quotes, trailing commas, Python literals) and never raises: when no well-formed object is found
   the utterance is the text stripped of JSON debris (or the partial ``utterance`` value of a
-  truncated object), ``strategy`` is None and ``parse_error`` says why.
+  truncated object), ``strategy`` is None and ``parse_error`` says why. Only the first 100,000
+  characters are looked at (a longer reply's fallback utterance is cut there).
 - **Stop markers** (``"###STOP###"``) anywhere in the model's text set ``stop=True``; they are
   removed from the utterance.
 - **Failures.** Retried, with full-jitter exponential backoff
   (``uniform(0, min(backoff_max_s, backoff_base_s * 2**k))``) or at least the server's
   ``Retry-After`` (seconds or an HTTP date, capped at ``retry_after_max_s``): HTTP 408, 429 and
   5xx, timeouts, connection errors, and bodies that are not a complete chat-completions JSON
-  (truncated, non-JSON, no ``choices[0].message.content``). Other 4xx raise
-  :class:`SimulatorError` at once (status and a body excerpt). After ``max_retries + 1`` attempts
+  (truncated, non-JSON, no ``choices[0].message.content``). Other statuses (401, 403 and the
+  other 4xx) raise :class:`SimulatorError` at once with ``retryable=False`` (status and a body
+  excerpt): the rollout loop does not retry those either. After ``max_retries + 1`` attempts
   :class:`SimulatorError` is raised; the rollout loop counts it and ends the episode as a
   simulator failure. ``max_concurrency`` bounds the HTTP requests in flight per client (a
   backoff sleep does not hold a slot).
+- **Counters.** Every call and every failed attempt is counted by cause (:data:`FAILURE_KINDS`:
+  ``timeout`` (incl. HTTP 408), ``connection``, ``429``, ``5xx``, ``bad_json``,
+  ``empty_choices`` (no ``choices[0].message`` or no string content), ``401``, ``403``,
+  ``other_status``) in the client's own :class:`CallStats` (``client.stats``) and in every
+  :class:`CallStats` the calling task collects with :func:`collect_call_stats` (the rollout loop
+  collects one per episode, so a record carries its simulator's attempts, retries and failures).
+- **Time budget.** One call takes at most about :meth:`LLMUserConfig.call_budget_s`:
+  ``(max_retries + 1) * (connect_timeout_s + read_timeout_s)`` plus the backoff sleeps, each at
+  most ``max(min(backoff_max_s, backoff_base_s * 2**k), retry_after_max_s)`` (the wait in the
+  ``max_concurrency`` queue not included; a server that trickles bytes can exceed it, since the
+  read timeout bounds each read). A caller's own timeout on the call (the rollout loop's
+  ``rollout.timeout_s``) must be at least that, or it cuts the client's retries short:
+  `jaxagent.config` checks it and derives the loop's timeout from it by default.
 - **The API key** is read from the environment variable *named* by ``api_key_env`` when the
   client is created and sent as ``Authorization: Bearer ...``. It is never logged, never in the
   repr/str of any object here, never in an error message (a server that echoes it back has it
@@ -43,6 +58,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import email.utils
 import json
@@ -53,7 +70,7 @@ import random
 import re
 import string
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Self
 
@@ -63,12 +80,16 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
+    "FAILURE_KINDS",
+    "CallStats",
     "LLMUserClient",
     "LLMUserConfig",
     "ParsedReply",
     "ProfileError",
     "SimulatorError",
     "UserReply",
+    "collect_call_stats",
+    "failure_kind",
     "flip_roles",
     "parse_reply",
     "parse_retry_after",
@@ -104,18 +125,84 @@ _STRATEGY_KEYS = ("strategy", "reaction", "label")
 _THINK = re.compile(r"<think>.*?(</think>|\Z)", re.DOTALL)
 
 
+#: Causes of a failed HTTP attempt, as counted in `CallStats.failures` (see the module docstring).
+FAILURE_KINDS = ("timeout", "connection", "429", "5xx", "bad_json", "empty_choices", "401", "403", "other_status")
+
+
+def failure_kind(status: int | None) -> str:
+    """The `FAILURE_KINDS` entry of a failed response with HTTP ``status`` (None: no response,
+    counted as ``connection``; timeouts and bad bodies are classified where they are seen)."""
+    if status is None:
+        return "connection"
+    if status == 408:
+        return "timeout"
+    if status in (401, 403, 429):
+        return str(status)
+    if 500 <= status < 600:
+        return "5xx"
+    return "other_status"
+
+
 class SimulatorError(RuntimeError):
     """The user simulator could not produce a reply: a non-retryable HTTP status, or every attempt
     failed. ``status`` is the last HTTP status (None for timeouts/connection errors/bad bodies),
     ``attempts`` the HTTP attempts made, ``reason`` the last failure, ``body_excerpt`` the start
-    of the last error body (API key redacted)."""
+    of the last error body (API key redacted), ``kind`` the last failure's cause (a
+    `FAILURE_KINDS` entry), ``retryable`` False when retrying cannot help (401, 403 and the other
+    non-retried statuses: callers such as the rollout loop must not retry it)."""
 
-    def __init__(self, message: str, *, status: int | None, attempts: int, reason: str, body_excerpt: str = ""):
+    def __init__(self, message: str, *, status: int | None, attempts: int, reason: str, body_excerpt: str = "",
+                 kind: str = "other_status", retryable: bool = True):
         super().__init__(message)
         self.status = status
         self.attempts = attempts
         self.reason = reason
         self.body_excerpt = body_excerpt
+        self.kind = kind
+        self.retryable = retryable
+
+
+class CallStats:
+    """Counters of simulator calls: ``calls`` (chat-completions calls started), ``attempts`` (HTTP
+    attempts), ``failed_calls`` (calls that raised `SimulatorError`), ``failures`` (failed
+    attempts by cause, keys from `FAILURE_KINDS`). ``retries`` is ``attempts - calls``."""
+
+    __slots__ = ("attempts", "calls", "failed_calls", "failures")
+
+    def __init__(self):
+        self.calls = self.attempts = self.failed_calls = 0
+        self.failures: dict[str, int] = {}
+
+    @property
+    def retries(self) -> int:
+        return self.attempts - self.calls
+
+    def fail(self, kind: str) -> None:
+        self.failures[kind] = self.failures.get(kind, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"calls": self.calls, "attempts": self.attempts, "retries": self.retries,
+                "failed_calls": self.failed_calls, "failures": dict(self.failures)}
+
+    def __repr__(self) -> str:
+        return f"CallStats({self.as_dict()})"
+
+
+_COLLECTORS: contextvars.ContextVar[tuple[CallStats, ...]] = contextvars.ContextVar("jaxagent_sim_call_stats",
+                                                                                     default=())
+
+
+@contextlib.contextmanager
+def collect_call_stats(stats: CallStats | None = None) -> Iterator[CallStats]:
+    """Counts, into ``stats`` (a new `CallStats` by default), the simulator calls made by the
+    current task and the tasks it starts from here on (context variables are copied into new
+    tasks: ``asyncio.wait_for``, ``gather``), through any `LLMUserClient`. Nests."""
+    stats = CallStats() if stats is None else stats
+    token = _COLLECTORS.set((*_COLLECTORS.get(), stats))
+    try:
+        yield stats
+    finally:
+        _COLLECTORS.reset(token)
 
 
 class ProfileError(ValueError):
@@ -229,6 +316,14 @@ class LLMUserConfig:
     @property
     def url(self) -> str:
         return f"{self.base_url}/chat/completions"
+
+    def call_budget_s(self) -> float:
+        """The most seconds one call (every attempt and backoff sleep) takes, about (module
+        docstring, "Time budget"): ``(max_retries + 1) * (connect_timeout_s + read_timeout_s)``
+        plus, for each retry k, ``max(min(backoff_max_s, backoff_base_s * 2**k), retry_after_max_s)``."""
+        sleeps = sum(max(min(self.backoff_max_s, self.backoff_base_s * 2.0 ** min(k, 60)), self.retry_after_max_s)
+                     for k in range(self.max_retries))
+        return (self.max_retries + 1) * (self.connect_timeout_s + self.read_timeout_s) + sleeps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -468,7 +563,7 @@ def _parse_reply(text: str) -> ParsedReply:
         return ParsedReply(_as_text(utterance), None if strategy is None else _as_text(strategy), error)
     reason = ("JSON object without an 'utterance' field" if found_object
               else "malformed JSON reply" if "{" in clipped else "no JSON object in reply")
-    return ParsedReply(_strip_debris(text), None, reason)
+    return ParsedReply(_strip_debris(clipped), None, reason)
 
 
 # ----------------------------------------------------------------------------- HTTP client
@@ -514,7 +609,9 @@ class _Secret:
 
 
 class _BadBody(Exception):
-    pass
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
 
 
 class LLMUserClient:
@@ -535,6 +632,7 @@ class LLMUserClient:
             self._key = _Secret(value.strip())
         self._rng = rng if rng is not None else random.Random(config.seed)
         self._closed = False
+        self.stats = CallStats()  # every call of this client (see collect_call_stats for a task's own)
         # The HTTP connection pool and the concurrency semaphore belong to one event loop: they are
         # made for the loop that first uses them and made again when another loop calls (a job that
         # runs each evaluation in its own ``asyncio.run``); the old loop's connections died with it.
@@ -614,18 +712,18 @@ class LLMUserClient:
         try:
             data = json.loads(body)
         except (ValueError, RecursionError):
-            raise _BadBody("response body is not JSON (non-JSON or truncated)") from None
+            raise _BadBody("response body is not JSON (non-JSON or truncated)", "bad_json") from None
         try:
             message = data["choices"][0]["message"]
             content = message.get("content")
         except (KeyError, IndexError, TypeError, AttributeError):
-            raise _BadBody("response JSON has no choices[0].message") from None
+            raise _BadBody("response JSON has no choices[0].message", "empty_choices") from None
         if isinstance(content, list):
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
         calls = message.get("tool_calls")
         if not isinstance(content, str) and (require_content or not isinstance(calls, list) or not calls):
             raise _BadBody(f"choices[0].message.content is {type(content).__name__}; expected a string"
-                           + ("" if require_content else " or tool_calls"))
+                           + ("" if require_content else " or tool_calls"), "empty_choices")
         return dict(message, content=content if isinstance(content, str) else None)
 
     async def respond(self, conversation: Sequence[Mapping[str, Any]], profile: Mapping[str, Any]) -> UserReply:
@@ -647,7 +745,8 @@ class LLMUserClient:
         """One chat-completions call with the retry policy of the module docstring: the reply's
         ``choices[0].message`` (``content`` None when it holds only ``tool_calls`` and
         ``require_content`` is False), the HTTP attempts and the wall time. ``extra`` adds request
-        fields (``tools``, ``response_format``, ...). Raises :class:`SimulatorError`."""
+        fields (``tools``, ``response_format``, ...). Raises :class:`SimulatorError`. Counted in
+        ``self.stats`` and in the collectors of `collect_call_stats`."""
         c = self.config
         if self._closed:
             raise RuntimeError("LLMUserClient: the client is closed; expected an open client")
@@ -662,35 +761,46 @@ class LLMUserClient:
             headers["Authorization"] = f"Bearer {self._key.get()}"
 
         start = time.monotonic()
-        attempts, status, reason, excerpt = 0, None, "", ""
+        counters = (self.stats, *_COLLECTORS.get())
+        for st in counters:
+            st.calls += 1
+        attempts, status, reason, excerpt, kind = 0, None, "", "", "other_status"
         for retry in range(c.max_retries + 1):
             attempts += 1
+            for st in counters:
+                st.attempts += 1
             retry_after = None
             try:
                 async with semaphore:
                     response = await http.post(c.url, json=payload, headers=headers)
             except httpx.TimeoutException as e:
-                status, excerpt, reason = None, "", f"timeout ({type(e).__name__})"
+                status, excerpt, reason, kind = None, "", f"timeout ({type(e).__name__})", "timeout"
             except httpx.RequestError as e:  # connection errors, truncated bodies, decoding errors
-                status, excerpt, reason = None, "", self._redact(f"{type(e).__name__}: {e}")
+                status, excerpt, reason, kind = None, "", self._redact(f"{type(e).__name__}: {e}"), "connection"
             else:
                 status, body = response.status_code, response.content
                 if 200 <= status < 300:
                     try:
                         message = self._message(body, require_content)
                     except _BadBody as e:
-                        excerpt, reason = self._excerpt(body), f"HTTP {status}: {e}"
+                        excerpt, reason, kind = self._excerpt(body), f"HTTP {status}: {e}", e.kind
                     else:
                         return message, attempts, time.monotonic() - start
                 elif status in _RETRYABLE_STATUS or 500 <= status < 600:
-                    excerpt = self._excerpt(body)
+                    excerpt, kind = self._excerpt(body), failure_kind(status)
                     reason = f"HTTP {status}: {excerpt!r}"
                     retry_after = parse_retry_after(response.headers.get("retry-after"))
                 else:
-                    excerpt = self._excerpt(body)
+                    excerpt, kind = self._excerpt(body), failure_kind(status)
+                    for st in counters:
+                        st.fail(kind)
+                        st.failed_calls += 1
                     raise SimulatorError(
                         f"user simulator: POST {c.url} returned HTTP {status} (not retried); body: {excerpt!r}",
-                        status=status, attempts=attempts, reason=f"HTTP {status}", body_excerpt=excerpt)
+                        status=status, attempts=attempts, reason=f"HTTP {status}", body_excerpt=excerpt,
+                        kind=kind, retryable=False)
+            for st in counters:
+                st.fail(kind)
             if retry == c.max_retries:
                 break
             delay = self.backoff_delay(retry, retry_after)
@@ -698,8 +808,10 @@ class LLMUserClient:
                            c.max_retries + 1, reason, delay,
                            f" (Retry-After {retry_after:.2f}s)" if retry_after is not None else "")
             await asyncio.sleep(delay)
+        for st in counters:
+            st.failed_calls += 1
         raise SimulatorError(f"user simulator: POST {c.url} failed after {attempts} attempts; last: {reason}",
-                             status=status, attempts=attempts, reason=reason, body_excerpt=excerpt)
+                             status=status, attempts=attempts, reason=reason, body_excerpt=excerpt, kind=kind)
 
     def _reply(self, raw: str, attempts: int, latency_s: float) -> UserReply:
         parsed = parse_reply(raw)

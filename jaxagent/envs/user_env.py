@@ -6,6 +6,16 @@ comes back as the next user message with its private strategy label as the react
 ends when the simulator says its stop marker, or after ``max_user_turns`` replies. The reward is
 left to a scorer (``score(conversation) -> float``; default 0): this environment is a user, not a
 benchmark.
+
+- **Retries.** `step` commits nothing before the simulator's reply arrives (the agent's message
+  is sent with the conversation so far, and both are appended only once the reply is in), so the
+  rollout loop may call it again with the same message after it raised or was cancelled (a
+  timeout): the simulator sees the agent's message once, as the tau2 retail environment does.
+- **Long replies.** With ``max_reply_chars``, an utterance longer than that is cut to it, both in
+  what the agent gets and in the conversation the simulator is shown next (so a runaway reply is
+  not sent back to it); ``info["reply_truncated"]`` says so. The rollout loop then cuts the reply
+  to its token limit (``rollout.max_reply_tokens``; `jaxagent.train.jobs` sets
+  ``max_reply_chars`` to 8x that).
 """
 
 from __future__ import annotations
@@ -23,9 +33,12 @@ EMPTY_AGENT_TURN = "(the assistant said nothing)"
 class LLMUserEnv(Environment):
     def __init__(self, client: LLMUserClient, tasks: Mapping[str, Mapping[str, Any]], *,
                  system_prompt: str = "You are a helpful assistant.", max_user_turns: int = 8,
-                 score: Callable[[list[dict]], float] | None = None):
+                 score: Callable[[list[dict]], float] | None = None, max_reply_chars: int | None = None):
+        if max_reply_chars is not None and max_reply_chars < 1:
+            raise ValueError(f"max_reply_chars={max_reply_chars}: expected None (no limit) or an integer >= 1")
         self.client, self.tasks = client, tasks
         self.system_prompt, self.max_user_turns, self.score = system_prompt, max_user_turns, score
+        self.max_reply_chars = max_reply_chars
         self.conversation: list[dict] = []
         self.profile: Mapping[str, Any] = {}
         self.replies = 0
@@ -41,14 +54,21 @@ class LLMUserEnv(Environment):
         return Reset((EnvMessage("system", self.system_prompt), opening))
 
     async def step(self, message: AgentMessage) -> Step:
+        """The simulator's answer to ``message``. Safe to call again with the same message after it
+        raised or was cancelled: nothing is committed before the reply arrives."""
         # An agent turn with no text for the user (only tool calls, or nothing) still gets the
         # user's reaction: the simulator is shown a marker instead of an empty message.
-        self.conversation.append({"role": "assistant", "content": message.content.strip() or EMPTY_AGENT_TURN})
-        reply = await self.client.respond(self.conversation, self.profile)
+        agent = {"role": "assistant", "content": message.content.strip() or EMPTY_AGENT_TURN}
+        reply = await self.client.respond([*self.conversation, agent], self.profile)  # may raise: nothing committed
+        utterance, truncated = reply.utterance, False
+        if self.max_reply_chars is not None and len(utterance) > self.max_reply_chars:
+            utterance, truncated = utterance[: self.max_reply_chars], True
+        self.conversation.append(agent)
         self.replies += 1
-        self.conversation.append({"role": "user", "content": reply.utterance, "strategy": reply.strategy})
+        self.conversation.append({"role": "user", "content": utterance, "strategy": reply.strategy})
         done = reply.stop or self.replies >= self.max_user_turns
         reward = float(self.score(self.conversation)) if (done and self.score) else 0.0
-        msg = EnvMessage("user", reply.utterance, reaction=reply.strategy)
+        msg = EnvMessage("user", utterance, reaction=reply.strategy)
         return Step((msg,), reward=reward, done=done, info={"parse_error": reply.parse_error,
-                                                                "simulator_retries": reply.attempts - 1})
+                                                                "simulator_retries": reply.attempts - 1,
+                                                                "reply_truncated": truncated})

@@ -187,7 +187,15 @@ class _Checkpoint:
         self._stack = contextlib.ExitStack()
         self.where: dict[str, Any] = {}
         for f in self.files:
-            handle = self._stack.enter_context(safe_open(str(path / f), framework="numpy"))
+            try:
+                handle = self._stack.enter_context(safe_open(str(path / f), framework="numpy"))
+            except Exception as e:  # safetensors' SafetensorError (truncated / not a safetensors file), OSError
+                self._stack.close()
+                size = (path / f).stat().st_size if (path / f).exists() else None
+                raise CheckpointError(
+                    f"checkpoint {str(path)!r}: file {f!r} ({size} bytes) cannot be read as safetensors "
+                    f"({type(e).__name__}: {e}); a truncated download? expected a complete .safetensors file"
+                ) from None
             for name in handle.keys():
                 self.where[name] = handle
 

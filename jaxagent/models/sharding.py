@@ -52,13 +52,20 @@ class MeshConfig:
     num_processes: int | None = None
     process_id: int | None = None
 
-    def shape(self, num_devices: int) -> tuple[int, int, int]:
+    def validate(self) -> None:
+        """The axes' values alone (not yet the devices: `shape`)."""
         dims = [self.data, self.fsdp, self.tensor]
         for name, d in zip(MESH_AXES, dims):
             if isinstance(d, bool) or not (d == -1 or (isinstance(d, int) and d >= 1)):
                 raise ValueError(f"mesh.{name}={d!r}: expected a positive integer or -1")
         if dims.count(-1) > 1:
             raise ValueError(f"mesh={dict(zip(MESH_AXES, dims))}: at most one axis may be -1")
+
+    def shape(self, num_devices: int) -> tuple[int, int, int]:
+        """The mesh's (data, fsdp, tensor) on ``num_devices`` devices; ValueError naming the
+        ``mesh.*`` keys when it cannot be laid on them."""
+        self.validate()
+        dims = [self.data, self.fsdp, self.tensor]
         known = int(np.prod([d for d in dims if d != -1]))
         if -1 in dims:
             if num_devices % known:

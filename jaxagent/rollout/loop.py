@@ -3,11 +3,32 @@
 `run_episode` plays one episode token-in/token-out: the renderer's prompt goes to the engine,
 the generated tokens are appended verbatim, parsed into text and tool calls for the environment,
 and the environment's messages are appended (user reaction labels kept off the tokens, recorded
-by message index). A simulator call that raises is retried ``retries`` times, then the episode
-ends as ``simulator_failure`` (retries inside a simulator client, reported as
-``info["simulator_retries"]``, are added up in the record too); a call that exceeds ``timeout_s`` counts as a failure too. Nothing
-escapes: every outcome is a `Trajectory` with its termination reason. `run_episodes` runs many
-at once (G per task) so that while some wait for their users, others decode.
+by message index). Nothing escapes: every outcome is a `Trajectory` with its termination reason.
+`run_episodes` runs many at once (G per task) so that while some wait for their users, others
+decode.
+
+- **Simulator calls** (``env.reset`` / ``env.step``) are retried ``retries`` times, then the
+  episode ends as ``simulator_failure`` (its outcome reward 0; the RL trainer leaves such
+  episodes out of its batch). A call that exceeds ``timeout_s`` is cancelled and counts as a
+  failure too; so the environments' ``step`` must be safe to call again with the same message
+  (`LLMUserEnv` and the tau2 retail environment commit nothing before the reply arrives). An
+  error that says retrying cannot help (``retryable=False``: `SimulatorError` for HTTP 401/403
+  and the other non-retried statuses) is not retried. ``timeout_s`` must be at least the
+  simulator client's own budget per call (`LLMUserConfig.call_budget_s`), or the loop cuts the
+  client's retries and Retry-After waits short; `jaxagent.config` checks this and derives
+  ``rollout.timeout_s`` from it when unset.
+- **Counted** in the record's ``info``: ``simulator_errors`` (failed calls, loop level) and
+  ``simulator_timeouts`` (those that ran past ``timeout_s``), ``last_error``,
+  ``simulator_retries`` (retries inside a simulator client, as the environment reports them),
+  and, through `collect_call_stats`, every HTTP call any `LLMUserClient` made for the episode:
+  ``sim_calls``, ``sim_attempts``, ``sim_retries``, ``sim_failed_calls``, ``sim_failures``
+  (failed attempts by cause); ``truncated_replies``.
+- **Bounded size.** A user message (the simulator's reply) longer than ``max_reply_tokens``
+  tokens is cut to that many (characters first, to 8x the limit, so a runaway reply is never
+  tokenised whole; its reaction label to 200 characters). Environment messages that would take
+  the record past ``max_tokens`` (with a few tokens of margin for the template) are not appended:
+  the episode ends there as ``max_tokens``, so no record is longer than ``max_tokens`` (the
+  reset's prompt and one turn must fit: else `EpisodeBudgetError`, a setting error).
 """
 
 from __future__ import annotations
@@ -19,7 +40,8 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from jaxagent.envs.base import AgentMessage, Environment
+from jaxagent.envs.base import AgentMessage, EnvMessage, Environment
+from jaxagent.envs.llm_user import CallStats, collect_call_stats
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.trajectory import Trajectory
@@ -33,18 +55,48 @@ class EpisodeConfig:
     max_turns: int = 8
     max_tokens: int = 2048
     retries: int = 2
-    timeout_s: float = 60.0
+    timeout_s: float = 60.0  # per reset/step call; >= the simulator client's call_budget_s (module docstring)
     tool_schemas_in_prompt: bool = True  # False: the tools are not rendered into the system prompt
+    max_reply_tokens: int = 512  # tokens kept of each user (simulator) message; 0: no limit
 
 
 async def _call(fn, cfg: EpisodeConfig, counters: dict):
-    for attempt in range(cfg.retries + 1):
+    """``await fn()`` under ``cfg.timeout_s``, retried ``cfg.retries`` times (not when the error
+    says ``retryable=False``); None when every attempt failed. Failures are counted in ``counters``."""
+    for _ in range(cfg.retries + 1):
         try:
             return await asyncio.wait_for(fn(), cfg.timeout_s)
         except Exception as e:  # noqa: BLE001 - any simulator failure is retried, then counted
-            counters["simulator_errors"] += 1
-            counters["last_error"] = f"{type(e).__name__}: {e}"[:300]
+            counters["simulator_errors"] = counters.get("simulator_errors", 0) + 1
+            if isinstance(e, TimeoutError):  # asyncio.wait_for's (asyncio.TimeoutError is TimeoutError)
+                counters["simulator_timeouts"] = counters.get("simulator_timeouts", 0) + 1
+            counters["last_error"] = f"{type(e).__name__}: {e}"[:300].replace("\n", " ")
+            if getattr(e, "retryable", True) is False:  # e.g. HTTP 401/403: the same call fails again
+                break
     return None
+
+
+_LABEL_CHARS = 200
+
+
+def clip_reply(message: EnvMessage, tokenizer: Tokenizer, max_tokens: int) -> tuple[EnvMessage, bool]:
+    """``message`` with its content cut to ``max_tokens`` tokens (a user message; others and
+    ``max_tokens <= 0`` pass unchanged): to ``8 * max_tokens`` characters first, then tokenised
+    and cut. Returns the message and whether anything was cut."""
+    if message.role != "user":
+        return message, False
+    text, reaction, cut = message.content, message.reaction, False
+    if reaction is not None and len(reaction) > _LABEL_CHARS:
+        reaction = reaction[:_LABEL_CHARS]
+    if max_tokens > 0:
+        if len(text) > 8 * max_tokens:
+            text, cut = text[: 8 * max_tokens], True
+        ids = tokenizer.encode(text)
+        if len(ids) > max_tokens:
+            text, cut = tokenizer.decode(ids[:max_tokens]), True
+    if text is message.content and reaction is message.reaction:
+        return message, False
+    return dataclasses.replace(message, content=text, reaction=reaction), cut
 
 
 async def run_episode(
@@ -62,7 +114,16 @@ async def run_episode(
 ) -> Trajectory:
     """One episode; always returns a Trajectory (see the module docstring)."""
     session = session or f"{task_id}#{seed}"
-    counters = {"simulator_errors": 0, "simulator_retries": 0, "tool_errors": 0, "format_errors": 0}
+    calls = CallStats()
+    with collect_call_stats(calls):  # the HTTP calls of this episode (the task's own context)
+        return await _run_episode(engine, env, tokenizer, task_id=task_id, seed=seed, group_id=group_id,
+                                  sampling=sampling, key=key, config=config, session=session, calls=calls)
+
+
+async def _run_episode(engine, env, tokenizer, *, task_id, seed, group_id, sampling, key, config, session,
+                       calls: CallStats) -> Trajectory:
+    counters = {"simulator_errors": 0, "simulator_timeouts": 0, "simulator_retries": 0, "tool_errors": 0,
+                "format_errors": 0, "truncated_replies": 0}
     t0 = time.perf_counter()
     timings = {"generate_s": 0.0, "env_s": 0.0}
     chat = None
@@ -79,6 +140,12 @@ async def run_episode(
             raise _Failure
         chat = ChatRenderer(tokenizer, tools=(list(reset.tools) or None) if config.tool_schemas_in_prompt else None)
         chat.add(*[m.to_chat() for m in reset.messages])
+        first = len(chat.tokens) + _GEN_PROMPT_MARGIN + sampling.max_new_tokens
+        if first > config.max_tokens:  # not one turn fits: a setting, not an episode outcome
+            raise EpisodeBudgetError(
+                f"rollout.max_tokens={config.max_tokens}: task {task_id!r} opens with a {len(chat.tokens)}-token "
+                f"prompt; one turn needs {first} (+ {_GEN_PROMPT_MARGIN} for the generation prompt + "
+                f"rollout.max_new_tokens={sampling.max_new_tokens}); expected rollout.max_tokens >= {first}")
         for turn in range(config.max_turns):
             # room for the generation prompt (a few template tokens) and the longest answer
             if len(chat.tokens) + _GEN_PROMPT_MARGIN + sampling.max_new_tokens > config.max_tokens:
@@ -104,8 +171,17 @@ async def run_episode(
             counters["tool_errors"] = int(step.info.get("tool_errors", counters["tool_errors"]))
             counters["simulator_retries"] += int(step.info.get("simulator_retries", 0))  # client-side retries
             if step.messages and not step.done:
-                spans = chat.add(*[m.to_chat() for m in step.messages])
-                for span, m in zip(spans, step.messages):
+                clipped = [clip_reply(m, tokenizer, config.max_reply_tokens) for m in step.messages]
+                msgs = [m for m, _ in clipped]
+                env_cut = bool(step.info.get("reply_truncated", False))  # cut by the environment itself
+                counters["truncated_replies"] += sum(cut for _, cut in clipped) or int(env_cut)
+                trial = chat.fork()  # appended only if it fits: no record grows past max_tokens
+                spans = trial.add(*[m.to_chat() for m in msgs])
+                if len(trial.tokens) + _GEN_PROMPT_MARGIN > config.max_tokens:
+                    termination = "max_tokens"
+                    break
+                chat = trial
+                for span, m in zip(spans, msgs):
                     if m.reaction is not None:
                         labels[span.index] = m.reaction
             if step.done:
@@ -122,6 +198,9 @@ async def run_episode(
         except Exception:  # noqa: BLE001
             counters["simulator_errors"] += 1
     timings["total_s"] = time.perf_counter() - t0
+    sim = calls.as_dict()
+    counters.update(sim_calls=sim["calls"], sim_attempts=sim["attempts"], sim_retries=sim["retries"],
+                    sim_failed_calls=sim["failed_calls"], sim_failures=sim["failures"])
     if chat is None:  # the reset itself failed: an empty record that still counts
         chat = ChatRenderer(tokenizer)
         chat.add({"role": "user", "content": ""})
@@ -135,6 +214,11 @@ async def run_episode(
 
 class _Failure(Exception):
     pass
+
+
+class EpisodeBudgetError(ValueError):
+    """The episode's token budget cannot hold its first prompt and one answer (raised at the reset,
+    naming ``rollout.max_tokens``; a configuration error, never an episode that ends with no turn)."""
 
 
 _GEN_PROMPT_MARGIN = 16

@@ -65,6 +65,30 @@ latest one is always a ``ValueError`` (orbax's retention assumes increasing
 steps); delete the newer steps first if you roll back.  ``save`` therefore
 always returns True: a save that is not made raises.
 
+Damaged steps
+-------------
+A finalised step can still be damaged afterwards (a truncated array file, a deleted
+``meta/metadata``, a disk or copy error): orbax then fails deep inside tensorstore or with a bare
+``FileNotFoundError``.  ``restore_newest(target)`` restores the newest step that restores and
+moves every newer step that failed aside, renamed ``<step>.damaged-<kind>-<UTC time>`` (e.g.
+``12.damaged-truncated-20250101T120000Z``, with a ``DAMAGED.txt`` holding the error), where
+orbax's step listing no longer sees it; nothing is deleted.  A step counts as damaged only when
+an older step restores into the same ``target``: when every step fails, nothing is moved (a
+target that no longer matches the checkpoints, e.g. a changed model shape, fails on all of them
+alike) and ``CheckpointDamaged`` names the directory and each step's error.  A step whose
+``metrics/metrics`` is unreadable JSON stops orbax from even listing the directory: the
+constructor then moves such steps aside the same way (see ``damaged_on_open``).  Single-process
+runs: the rename is done by the process that finds the damage.
+
+Test-only pause
+---------------
+``JAXAGENT_TEST_PAUSE_SAVE=<step>`` (or ``<dir name>/<step>``, e.g. ``rl/3``) in the environment
+makes a ``Checkpointer`` stop in the middle of saving that step: every item is written into
+``<step>.orbax-checkpoint-tmp`` but the final rename is not done.  It prints the line
+``JAXAGENT_TEST_PAUSE_SAVE: paused ...`` (``PAUSE_MARKER``) on stderr and then blocks the
+background writer and the caller of ``save`` (for up to an hour), so a test can SIGKILL the
+process at a known point (``tests/test_resume.py``).  Unset (the normal case), nothing changes.
+
 JSON
 ----
 ``meta`` and ``metrics`` go through JSON: tuples come back as lists and
@@ -75,11 +99,16 @@ mutation by the caller does not affect the background write.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
+import os
+import sys
+import threading
+import time
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal, NamedTuple, Self
 
 import jax
 import jax.numpy as jnp
@@ -88,7 +117,8 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
-__all__ = ["CheckpointNotFound", "Checkpointer"]
+__all__ = ["PAUSE_ENV", "PAUSE_MARKER", "CheckpointDamaged", "CheckpointNotFound", "Checkpointer", "DamagedStep",
+           "Restored"]
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +127,122 @@ _META = "meta"
 _KEYS = "prng_keys"
 
 
+#: Test-only: ``<step>`` or ``<dir name>/<step>`` whose save stops before its final rename.
+PAUSE_ENV = "JAXAGENT_TEST_PAUSE_SAVE"
+PAUSE_MARKER = f"{PAUSE_ENV}: paused"
+_PAUSE_LIMIT_S = 3600.0
+
+
 class CheckpointNotFound(FileNotFoundError):
     """There is no complete checkpoint to restore in the directory."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DamagedStep:
+    """A step that failed to restore (or to list): its error and where it was moved."""
+
+    step: int
+    reason: str  # one line: the exception type and the first line of its message
+    moved_to: Path | None  # None: left in place (nothing older restored either)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "reason": self.reason, "moved_to": None if self.moved_to is None
+                else str(self.moved_to)}
+
+
+class CheckpointDamaged(CheckpointNotFound):
+    """No complete step in the directory restores; ``failures`` holds each step's error."""
+
+    def __init__(self, directory: Path, failures: list[DamagedStep]):
+        self.directory = directory
+        self.failures = failures
+        lines = "; ".join(f"step {f.step}: {f.reason}" + (f" (moved to {f.moved_to.name})" if f.moved_to else "")
+                          for f in failures)
+        if any(f.moved_to is None for f in failures):
+            advice = ("Nothing was moved: with no step restoring, damage cannot be told from a state that no longer "
+                      "matches the checkpoints (e.g. a changed model shape); move damaged step directories aside "
+                      "by hand, or start the run afresh under another name")
+        else:
+            advice = "No complete step is left; start the run afresh under another name"
+        super().__init__(f"no checkpoint in {directory} restores ({lines}). {advice}")
+
+
+class Restored(NamedTuple):
+    """What ``restore_newest`` returns."""
+
+    state: Any
+    meta: dict
+    step: int
+    damaged: list[DamagedStep]  # newer steps that failed to restore, moved aside (newest first)
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    """``e`` and the exceptions behind it (``__cause__``, else ``__context__``)."""
+    out: list[BaseException] = []
+    while e is not None and all(e is not x for x in out) and len(out) < 8:
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def _line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    for junk in (" [tensorstore_spec", " See full TensorStore details"):
+        msg = msg.split(junk)[0]
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def _reason(e: BaseException) -> str:
+    """One line: ``Type: message`` (and the root cause's, tensorstore's spec dumps left out), at
+    most 500 characters."""
+    chain = _chain(e)
+    text = _line(chain[0]) + (f" (caused by {_line(chain[-1])})" if len(chain) > 1 else "")
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _damage_kind(e: BaseException) -> str:
+    chain = _chain(e)
+    msg = " ".join(str(x) for x in chain)
+    if any(isinstance(x, FileNotFoundError) for x in chain) or "NOT_FOUND" in msg:
+        return "missing-file"
+    if "OUT_OF_RANGE" in msg or "is not valid for value of size" in msg:
+        return "truncated"
+    if any(isinstance(x, json.JSONDecodeError) for x in chain) or "DATA_LOSS" in msg:
+        return "corrupt"
+    return "unreadable"
+
+
+def _pause_spec() -> tuple[str | None, int] | None:
+    raw = os.environ.get(PAUSE_ENV, "").strip()
+    if not raw:
+        return None
+    where, _, step = raw.rpartition("/")
+    if not step.isdigit():
+        raise ValueError(f"{PAUSE_ENV}={raw!r}: expected <step> or <dir name>/<step> (test-only)")
+    return (where or None), int(step)
+
+
+def _block(what: str) -> None:
+    deadline = time.monotonic() + _PAUSE_LIMIT_S
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    raise RuntimeError(f"{PAUSE_ENV}: {what} still paused after {_PAUSE_LIMIT_S:.0f}s; nobody killed the process")
+
+
+def _pausing_temporary_path(directory: Path, step: int, reached: threading.Event) -> type:
+    """orbax's atomic-rename temporary path, stopping before the rename of ``directory/step``."""
+
+    class PausingTemporaryPath(ocp.path.atomicity.AtomicRenameTemporaryPath):
+        async def finalize(self, *args, **kwargs):
+            final = Path(str(self.get_final()))
+            if final.parent == directory and final.name == str(step):
+                print(f"{PAUSE_MARKER} before committing step {step} in {directory} (written to {self.get()})",
+                      file=sys.stderr, flush=True)
+                reached.set()
+                _block(f"the save of step {step} in {directory}")
+            return await super().finalize(*args, **kwargs)
+
+    return PausingTemporaryPath
 
 
 def _is_prng_key(x: Any) -> bool:
@@ -167,6 +311,13 @@ class Checkpointer:
                     keep_checkpoints_without_metrics=False,
                 )
             )
+        self._pause_step: int | None = None
+        self._pause_reached = threading.Event()
+        extra: dict[str, Any] = {}
+        pause = _pause_spec()
+        if pause is not None and pause[0] in (None, self.directory.name):
+            self._pause_step = pause[1]
+            extra["temporary_path_class"] = _pausing_temporary_path(self.directory, pause[1], self._pause_reached)
         options = ocp.CheckpointManagerOptions(
             # best_fn makes orbax write the metrics item and read it back on
             # reload; retention itself is entirely the preservation policy.
@@ -176,8 +327,19 @@ class Checkpointer:
             enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True,
             create=True,
+            **extra,
         )
-        self._mngr = ocp.CheckpointManager(self.directory, item_names=(_STATE, _META, _KEYS), options=options)
+        #: Steps moved aside on construction: their ``metrics/metrics`` was unreadable.
+        self.damaged_on_open: list[DamagedStep] = []
+        try:
+            self._mngr = self._manager(options)
+        except Exception as e:  # noqa: BLE001 - re-raised unless a damaged metrics file explains it
+            unreadable = self._unreadable_metrics()
+            if not unreadable:
+                raise
+            log.warning("checkpoints in %s do not list (%s)", self.directory, _reason(e))
+            self.damaged_on_open = [self._move_aside(step, err) for step, err in unreadable]
+            self._mngr = self._manager(options)
         self._pending: int | None = None  # step of an async save not yet seen finished
         self._error: BaseException | None = None  # a background save failure not yet raised
         self._closed = False
@@ -193,6 +355,45 @@ class Checkpointer:
         if math.isnan(value):
             return -math.inf
         return value if self.best_mode == "max" else -value
+
+    # ------------------------------------------------------------ damage
+
+    def _manager(self, options) -> ocp.CheckpointManager:
+        return ocp.CheckpointManager(self.directory, item_names=(_STATE, _META, _KEYS), options=options)
+
+    def _unreadable_metrics(self) -> list[tuple[int, BaseException]]:
+        """(step, error) of the finalised steps whose metrics file is not readable JSON."""
+        bad = []
+        for d in sorted(self.directory.iterdir()) if self.directory.is_dir() else []:
+            f = d / "metrics" / "metrics"
+            if d.name.isdigit() and f.is_file():
+                try:
+                    json.loads(f.read_text())
+                except (OSError, ValueError) as e:
+                    bad.append((int(d.name), e))
+        return bad
+
+    def _move_aside(self, step: int, error: BaseException) -> DamagedStep:
+        """Rename ``<step>`` to ``<step>.damaged-<kind>-<time>`` (a name orbax does not list as a
+        step, nor clean up as a temporary directory) with the error in ``DAMAGED.txt``."""
+        src = self.directory / str(step)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        dst = self.directory / f"{step}.damaged-{_damage_kind(error)}-{stamp}"
+        n = 1
+        while dst.exists():
+            dst = self.directory / f"{step}.damaged-{_damage_kind(error)}-{stamp}-{n}"
+            n += 1
+        os.rename(src, dst)
+        try:
+            (dst / "DAMAGED.txt").write_text(
+                f"checkpoint step {step} of {self.directory} failed to restore and was moved here "
+                f"at {stamp} (UTC):\n"
+                + "\ncaused by:\n".join(f"{type(x).__name__}: {x}" for x in _chain(error)) + "\n")
+        except OSError:
+            pass
+        reason = _reason(error)
+        log.warning("checkpoint step %d in %s is damaged (%s): moved to %s", step, self.directory, reason, dst)
+        return DamagedStep(step, reason, dst)
 
     # ------------------------------------------------------- background state
 
@@ -321,6 +522,9 @@ class Checkpointer:
         saved = self._mngr.save(step, args=args, metrics=metrics_copy, force=True)
         if saved and self.async_save:
             self._pending = step
+        if step == self._pause_step:  # test-only (PAUSE_ENV): the caller stops too, at a known point
+            self._pause_reached.wait(_PAUSE_LIMIT_S)
+            _block(f"the caller of save({step})")
         return bool(saved)
 
     # ---------------------------------------------------------------- restore
@@ -405,6 +609,36 @@ class Checkpointer:
 
         state = jax.tree_util.tree_map_with_path(to_user, restored[_STATE])
         return state, restored[_META]
+
+    def restore_newest(self, target: Any) -> Restored:
+        """Restore the newest step that restores (see "Damaged steps" in the module docstring).
+
+        Tries the complete steps newest first; once one restores, the newer ones that failed are
+        moved aside (each logged as a warning) and returned in ``damaged``.  Raises
+        ``CheckpointNotFound`` when there is no complete step and ``CheckpointDamaged`` (a
+        ``CheckpointNotFound``) when none restores (then nothing is moved) or when every step was
+        moved aside on construction (``damaged_on_open``).
+        """
+        self._check_open()
+        self.wait()
+        steps = self._complete_steps()
+        if not steps and self.damaged_on_open:
+            raise CheckpointDamaged(self.directory, self.damaged_on_open)
+        if not steps:
+            raise CheckpointNotFound(f"no complete checkpoint in {self.directory}")
+        failed: list[tuple[int, BaseException]] = []
+        for step in reversed(steps):
+            try:
+                state, meta = self.restore(target, step)
+            except Exception as e:  # noqa: BLE001 - judged below: damage only if an older step restores
+                log.warning("checkpoint step %d in %s does not restore: %s", step, self.directory, _reason(e))
+                failed.append((step, e))
+                continue
+            damaged = [self._move_aside(s, e) for s, e in failed]
+            if damaged:
+                self._mngr.reload()
+            return Restored(state, meta, step, damaged)
+        raise CheckpointDamaged(self.directory, [DamagedStep(s, _reason(e), None) for s, e in failed])
 
     # -------------------------------------------------------------- lifecycle
 

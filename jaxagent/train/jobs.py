@@ -3,9 +3,14 @@
 Host orchestration only; the math lives in `jaxagent.train.step`, `jaxagent.train.rl` and
 `jaxagent.credit`. A run writes to ``runs/<name>/``:
 
-- ``config.yaml``: the resolved configuration;
+- ``config.yaml``: the resolved configuration (of the first launch; each resume adds
+  ``config.resume-<n>.yaml``: `jaxagent.train.resume`, which also refuses a resume with a changed
+  config unless ``resume_overrides`` names the keys, and a launch into another job's run);
 - ``metrics.jsonl``: one JSON object per SFT log step, RL iteration and evaluation
-  (``{"phase": "sft" | "rl" | "eval", "step": ..., ...}``), appended and flushed as it goes;
+  (``{"phase": "sft" | "rl" | "eval", "step": ..., ...}``), appended and flushed as it goes; a
+  resume cuts it back to the restored checkpoint first and adds a ``{"phase": "resume", ...}``
+  record (the checkpoint it restored, damaged ones it moved aside); a run stopped by
+  `TrainingFailed` or `SimulatorFailureBudget` adds a ``{"phase": "failure", ...}`` record;
 - ``trajectories/iter_<i>.jsonl``: a sample of each RL iteration's episodes (re-scorable);
 - ``checkpoints/{sft,rl}/``: orbax checkpoints (see `jaxagent.train.checkpoint`);
 - ``hf/``: the final policy as a Hugging Face checkpoint (with the tokenizer's files);
@@ -32,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -46,8 +50,9 @@ from jaxagent.models.sharding import batch_sharding, init_params_sharded
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.loop import EpisodeConfig
 from jaxagent.text.tokenizer import Tokenizer, load_tokenizer
-from jaxagent.train.rl import RLTrainer
-from jaxagent.train.step import OptimSettings, TrainState, learning_rate, make_optimizer, make_update, sft_loss_fn
+from jaxagent.train.rl import FailureBudget, RLTrainer, SimulatorFailureBudget, failure_causes
+from jaxagent.train.step import (OptimSettings, TrainingFailed, TrainState, check_skipped_share, learning_rate,
+                                 make_optimizer, make_update, sft_loss_fn)
 
 PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -82,9 +87,21 @@ def model_config(cfg: RunConfig, vocab_size: int) -> QwenConfig:
 def build_model(cfg: RunConfig, tok: Tokenizer, rules: LogicalRules) -> tuple[QwenConfig, Any]:
     m = cfg.model
     if m.path is not None:
+        if (Path(m.path) / "config.json").is_file():  # else load_pretrained names what is missing
+            check_vocab(cfg, tok, model_config(cfg, tok.vocab_size))
         return load_pretrained(m.path, dtype=DTypePolicy(m.param_dtype, m.dtype), rules=rules, remat=m.remat)
     qcfg = model_config(cfg, tok.vocab_size)
     return qcfg, init_params_sharded(jax.random.key(m.init_seed), qcfg, rules)
+
+
+def check_vocab(cfg: RunConfig, tok: Tokenizer, qcfg: QwenConfig) -> None:
+    """The tokenizer's ids all index the model's embedding (a larger tokenizer would feed ids past
+    the table: on accelerators a silent clamp, not an error)."""
+    if tok.vocab_size > qcfg.vocab_size:
+        raise configlib.ConfigError(
+            f"tokenizer={cfg.tokenizer!r}: its ids reach {tok.vocab_size - 1}, past the vocabulary of "
+            f"model.path={cfg.model.path!r} (vocab_size={qcfg.vocab_size}); expected the checkpoint's own tokenizer "
+            f"or one of at most {qcfg.vocab_size} ids")
 
 
 def build_env(cfg: RunConfig) -> tuple[Callable[[], Environment], list[str], list[str]]:
@@ -115,7 +132,8 @@ def build_env(cfg: RunConfig) -> tuple[Callable[[], Environment], list[str], lis
     ids = sorted(tasks)
     n_test = min(e.test_tasks, max(1, len(ids) // 5))
     client = LLMUserClient(e.llm_user)
-    make = lambda: LLMUserEnv(client, tasks, max_user_turns=cfg.rollout.max_turns)  # noqa: E731
+    chars = 8 * cfg.rollout.max_reply_tokens or None  # a runaway reply is not sent back to the simulator
+    make = lambda: LLMUserEnv(client, tasks, max_user_turns=cfg.rollout.max_turns, max_reply_chars=chars)  # noqa: E731
     return make, ids[n_test:][: e.train_tasks], ids[:n_test]
 
 
@@ -127,8 +145,11 @@ def sampling_params(cfg: RunConfig, tok: Tokenizer, *, temperature: float | None
 
 def episode_config(cfg: RunConfig) -> EpisodeConfig:
     r = cfg.rollout
-    return EpisodeConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, retries=r.retries, timeout_s=r.timeout_s,
-                         tool_schemas_in_prompt=r.tool_schemas_in_prompt)
+    from jaxagent.config import episode_timeout_s
+
+    return EpisodeConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, retries=r.retries,
+                         timeout_s=episode_timeout_s(cfg), tool_schemas_in_prompt=r.tool_schemas_in_prompt,
+                         max_reply_tokens=r.max_reply_tokens)
 
 
 def param_count(params) -> int:
@@ -193,6 +214,24 @@ class RunLog:
             from tqdm.auto import tqdm
 
             tqdm.write(f"[{phase} {step}] " + " ".join(f"{k}={v}" for k, v in figures.items()), file=sys.stderr)
+
+    def event(self, phase: str, step: int, record: dict[str, Any]) -> None:
+        """Appends a record to metrics.jsonl only (no TensorBoard scalar, no progress line): what
+        happened to the run (``phase="resume"``: a resume, the checkpoints it found damaged)."""
+        rec = {"phase": phase, "step": step, "time": time.time(), **record}
+        self._metrics.write(json.dumps(rec, default=_json_default) + "\n")
+        self._metrics.flush()
+
+    def truncate(self, drop: Callable[[dict[str, Any]], bool]) -> int:
+        """Rewrites metrics.jsonl without the records ``drop`` selects (and a record cut short by a
+        crash), atomically (`jaxagent.train.resume.truncate_metrics`); returns how many went."""
+        from jaxagent.train.resume import truncate_metrics
+
+        self._metrics.close()
+        try:
+            return truncate_metrics(self.dir / "metrics.jsonl", drop)
+        finally:
+            self._metrics = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
 
     def read(self) -> list[dict[str, Any]]:
         """The records so far (`report.read_metrics`: a record cut short by a crash is skipped)."""
@@ -277,7 +316,10 @@ class Run:
 
 
 def prepare(cfg: RunConfig) -> Run:
+    from jaxagent.train.resume import check_run_dir, record_config
+
     run_dir = Path(cfg.runs_dir) / cfg.name
+    check_run_dir(cfg, run_dir)  # another job's results; resume=true with nothing; a changed config
     if run_dir.exists() and not cfg.resume and any((run_dir / "checkpoints").glob("*/*")):
         raise FileExistsError(f"{run_dir}: a run with checkpoints exists; set resume=true to continue it or pick "
                               "another name=")
@@ -291,7 +333,7 @@ def prepare(cfg: RunConfig) -> Run:
     engine = GenerationEngine(params, qcfg, slots=r.slots, capacity=r.capacity, park_rows=park,
                               decode_steps=r.decode_steps, vocab_limit=tok.vocab_size)
     log = RunLog(run_dir, cfg.progress)
-    (run_dir / "config.yaml").write_text(configlib.dump_yaml(cfg))
+    record_config(cfg, run_dir)  # config.yaml, or on a resume config.resume-<n>.yaml
     return Run(cfg, run_dir, tok, qcfg, params, rules, make_env, train_tasks, test_tasks, engine, log)
 
 
@@ -324,8 +366,26 @@ def run_eval(run: Run, params, label: str, step: int) -> dict[str, Any]:
         t2 = summarize(reports, scoring_mode=cfg.env.tau2.scoring, k=cfg.eval.k)
         m.update({f"tau2/{k}": v for k, v in t2.items() if k in ("db", "communicate", "pass_at_k", "scoring_mode")})
     m["wall_s"] = time.perf_counter() - t0
-    run.log.log("eval", step, dict(m, label=label), show=("success", "reward", "turns", "label"))
+    run.log.log("eval", step, dict(m, label=label), show=("success", "reward", "turns", "sim/failed_episodes", "label"))
+    try:
+        _check_eval_failures(trajs, label, step)
+    except SimulatorFailureBudget as e:
+        run.log.event("failure", step, {"of": "eval", "reason": str(e)})
+        raise
     return m
+
+
+def _check_eval_failures(trajs, label: str, step: int) -> None:
+    """An evaluation whose every episode ended in ``simulator_failure`` measured nothing: before
+    training (``label="before"``, also job=eval's only one) the run stops (`SimulatorFailureBudget`);
+    later ones (during, after) say so on stderr and the run goes on (its checkpoints are kept)."""
+    if not trajs or any(t.termination != "simulator_failure" for t in trajs):
+        return
+    msg = (f"eval {label} (step {step}): all {len(trajs)} episodes ended in simulator_failure; "
+           f"{failure_causes(trajs)}")
+    if label == "before":
+        raise SimulatorFailureBudget(msg + "; stopping before any training")
+    print(f"WARNING: {msg}", file=sys.stderr, flush=True)
 
 
 def run_sft(run: Run, params):
@@ -339,10 +399,8 @@ def run_sft(run: Run, params):
     update = _keep_shardings(make_update(sft_loss_fn(run.qcfg), tx, lr_schedule=learning_rate(optim)), state)
     ckpt = Checkpointer(run.run_dir / "checkpoints" / "sft", keep=cfg.checkpoint.keep,
                         async_save=cfg.checkpoint.async_save)
-    start = 0
-    if cfg.resume and ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(_abstract(state))
-        start = int(meta["next_step"])
+    restored, start = _resume(run, ckpt, "sft", _abstract(state), "next_step", s.steps, "sft.steps")
+    state = state if restored is None else restored
     data = sft_data(run.cfg, run.tok, run.make_env) if start < s.steps else []
     run.log.start("sft", s.steps, start, desc="sft")
     for i in range(start, s.steps):
@@ -351,6 +409,8 @@ def run_sft(run: Run, params):
         state, m = update(state, batch)
         if i % 10 == 0 or i == s.steps - 1:
             run.log.log("sft", i, {k: float(v) for k, v in jax.device_get(m).items()}, show=("loss", "nll", "grad_norm"))
+            _check_skipped(run, ckpt, "sft", state, s.max_skipped_share, "sft.max_skipped_share",
+                           final=i == s.steps - 1)
         if cfg.checkpoint.every and (i + 1) % cfg.checkpoint.every == 0 and i + 1 < s.steps:
             ckpt.save(i + 1, state, {"next_step": i + 1})
     run.log.end("sft")
@@ -391,6 +451,50 @@ def _abstract(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
+def _resume(run: Run, ckpt, phase: str, target, next_key: str, total: int, total_key: str) -> tuple[Any, int]:
+    """With ``resume=true``: (the restored state or None, the step to continue from).
+
+    Restores the newest checkpoint of ``phase`` that restores (`Checkpointer.restore_newest`:
+    newer damaged steps are moved aside, each named on stderr and in the ``resume`` record),
+    then truncates metrics.jsonl back to it (what the resumed phase logs again goes: no
+    duplicate records) and appends a ``{"phase": "resume", "of": phase, ...}`` record."""
+    from jaxagent.train.resume import after_checkpoint, check_not_shortened
+
+    if not run.cfg.resume:
+        return None, 0
+    state, start, from_step = None, 0, None
+    damaged = list(ckpt.damaged_on_open)
+    if ckpt.latest_step() is not None or damaged:  # all damaged on open: CheckpointDamaged
+        restored = ckpt.restore_newest(target)
+        state, start, from_step = restored.state, int(restored.meta[next_key]), restored.step
+        damaged += restored.damaged
+    for d in damaged:
+        print(f"WARNING: {phase} checkpoint step {d.step} in {ckpt.directory} is damaged ({d.reason}); moved it to "
+              f"{d.moved_to.name}, resuming from {'step ' + str(from_step) if from_step is not None else 'the start'}",
+              file=sys.stderr, flush=True)
+    check_not_shortened(run.cfg, phase, start, total, total_key)
+    dropped = run.log.truncate(after_checkpoint(phase, start))
+    run.log.event("resume", start, {"of": phase, "checkpoint": from_step, "dropped_records": dropped,
+                                    "damaged": [d.to_dict() for d in damaged]})
+    if run.cfg.progress:
+        print(f"[resume] {phase} from {'checkpoint step ' + str(from_step) if from_step is not None else 'the start'}"
+              f" ({dropped} metrics records after it dropped)", file=sys.stderr, flush=True)
+    return state, start
+
+
+def _check_skipped(run: Run, ckpt, phase: str, state: TrainState, limit: float, key: str, *, final: bool) -> None:
+    """`check_skipped_share` on ``state``'s counters; on failure the ``failure`` record is logged and
+    the checkpointer closed (its last complete checkpoint stays) before `TrainingFailed` goes up."""
+    applied, skipped = (int(x) for x in jax.device_get((state.step, state.skipped)))
+    try:
+        check_skipped_share(applied, skipped, limit, phase=phase, key=key, final=final)
+    except TrainingFailed as e:
+        run.log.event("failure", applied + skipped, {"of": phase, "reason": str(e)})
+        run.log.end(phase)
+        ckpt.close()
+        raise
+
+
 def run_rl(run: Run, params) -> tuple[Any, int]:
     from jaxagent.train.checkpoint import Checkpointer
 
@@ -404,11 +508,10 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
     trainer.update = _keep_shardings(trainer.update, trainer.state)
     ckpt = Checkpointer(run.run_dir / "checkpoints" / "rl", keep=cfg.checkpoint.keep,
                         best_metric=cfg.checkpoint.best_metric, async_save=cfg.checkpoint.async_save)
-    start = 0
-    if cfg.resume and ckpt.latest_step() is not None:
-        restored, meta = ckpt.restore(_abstract({"state": trainer.state, "ref": trainer.ref_params}))
+    restored, start = _resume(run, ckpt, "rl", _abstract({"state": trainer.state, "ref": trainer.ref_params}),
+                              "next_iter", cfg.steps, "steps")
+    if restored is not None:
         trainer.state, trainer.ref_params = restored["state"], restored["ref"]
-        start = int(meta["next_iter"])
     traj_dir = run.run_dir / "trajectories"
     traj_dir.mkdir(exist_ok=True)
     last_eval: dict[str, Any] = {}
@@ -418,16 +521,27 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
         during = [r for r in read_metrics(run.run_dir / "metrics.jsonl")
                   if r.get("phase") == "eval" and r.get("label") == "during" and r.get("step", 0) <= start]
         last_eval = sorted(during, key=lambda r: r["step"])[-1] if during else {}
+    budget = FailureBudget.from_settings(cfg.rl)
     run.log.start("rl", cfg.steps, start, desc=f"rl ({cfg.rl.credit})")
     for i in range(start, cfg.steps):
         rng = step_rng(cfg.seed, "rl", i)
         tasks = [run.train_tasks[j] for j in rng.choice(len(run.train_tasks), cfg.rl.tasks_per_step, replace=False)]
         metrics, trajs = trainer.iteration(tasks, step_key(cfg.seed, "rl", i))
         run.log.log("rl", i, metrics, show=("success", "reward", "turns", "info/gain_mean", "info/gate_mean",
-                                             "update/kl_ref", "tokens_per_s"))
+                                             "update/kl_ref", "sim/failed_episodes", "tokens_per_s"))
         with open(traj_dir / f"iter_{i:05d}.jsonl", "w", encoding="utf-8") as f:
             for t in trajs[: 2 * cfg.rl.group_size]:
                 f.write(json.dumps(t.to_dict()) + "\n")
+        try:
+            budget.update(trajs, i)  # rl.failure_share / rl.failure_budget_iters
+        except SimulatorFailureBudget as e:  # the last complete checkpoint stays
+            run.log.event("failure", i, {"of": "rl", "reason": str(e)})
+            run.log.end("rl")
+            ckpt.wait()
+            ckpt.close()
+            raise
+        _check_skipped(run, ckpt, "rl", trainer.state, cfg.rl.max_skipped_share, "rl.max_skipped_share",
+                       final=i == cfg.steps - 1)
         done = i + 1
         if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.steps:
             last_eval = run_eval(run, trainer.state.params, "during", done)
@@ -482,9 +596,17 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
     metrics = report.read_metrics(run.run_dir / "metrics.jsonl")
     summary["diagnostics"] = report.infopo_diagnostics(metrics)
     summary["plots"] = [str(p.relative_to(run.run_dir)) for p in report.plot_run(metrics, run.run_dir / "plots")]
+    diag = summary["diagnostics"]
+    failure = None
+    if cfg.job in ("rl", "sft+rl") and cfg.rl.fail_on_collapse and diag.get("collapse"):
+        failure = (f"{run.run_dir}: RL collapsed ({'; '.join(diag.get('collapse_reasons') or [])}); the results are "
+                   "in summary.json (set rl.fail_on_collapse=false to exit 0 on a collapse)")
+        summary["failure"] = failure
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     if cfg.progress:
         print(report.summary_table(before, after), file=sys.stderr, flush=True)
+    if failure is not None:
+        raise TrainingFailed(failure)
     return summary
 
 

@@ -13,17 +13,22 @@ Outputs:
   ``<prefix>/<key>`` per finite number in ``metrics`` (lists, strings, None, NaN and inf are
   skipped; so are the record keys ``step`` and ``time``). `export_tensorboard` replays a whole
   metrics list (prefix = phase, wall time = the record's ``time``).
-- `plot_run(metrics, out_dir)`: PNG files (matplotlib, Agg canvas, no display, pyplot untouched):
-    * ``reward.png``: RL outcome reward and success rate per RL iteration, with the evaluations'
-      success rates as labelled points (``before`` at iteration 0, ``during`` at its step = the
-      number of RL iterations done, ``after`` one past the last RL iteration);
-    * ``turns_length.png``: two panels, turns per episode and response tokens per turn, per RL
-      iteration;
-    * ``infogain_heatmap.png``: information gain by action-turn (y, 1 = first action turn) over RL
-      iterations (x), from ``info/gain_by_turn`` (as in the InfoPO paper's Figure 6); grey cells
-      are turn indices with no value in that iteration (no episode reached that turn);
-    * ``sft_loss.png``: SFT loss (and NLL) per SFT step.
-  A plot whose data is absent is not written; the paths written are returned.
+- `plot_run(metrics, out_dir)`: PNG files (matplotlib, Agg canvas, no display, pyplot untouched),
+  each built by its own function (`PLOTS`: name -> figure builder, for inspection):
+    * ``reward.png`` (`reward_figure`): RL outcome reward and success rate per RL iteration on a
+      [0, 1] axis, with the evaluations' success rates as labelled points (``during`` at its step =
+      the number of RL iterations done, ``after`` one past the last RL iteration, ``before`` at 0 —
+      or, when the run did SFT, at -1 ("pre-SFT"), the SFT span shaded and a dashed line at 0
+      where RL starts, so the SFT gain is not read as RL's);
+    * ``turns_length.png`` (`turns_length_figure`): two panels, turns per episode and response
+      tokens per turn, per RL iteration, each axis from 0;
+    * ``infogain_heatmap.png`` (`infogain_figure`): information gain by action-turn (y, 1 = first
+      action turn) over RL iterations (x), from ``info/gain_by_turn`` (as in the InfoPO paper's
+      Figure 6); grey cells are turn indices with no value in that iteration (no episode reached
+      that turn), as the note under the plot says;
+    * ``sft_loss.png`` (`sft_loss_figure`): SFT loss (and NLL) per SFT step, from 0.
+  Iteration and step axes have integer ticks. A plot whose data is absent is not written; the
+  paths written are returned.
 - `infopo_diagnostics(metrics)`: the numbers that tell whether RL training collapsed (see the
   function for the rule).
 - `summary_table(before, after)`: a fixed-width ``metric | before | after | change`` text table
@@ -200,10 +205,13 @@ def gain_by_turn_matrix(metrics: Iterable[Mapping[str, Any]]) -> tuple[np.ndarra
     return steps, grid
 
 
-def _eval_x(rec: Mapping[str, Any], rl_steps: np.ndarray) -> float:
+def _eval_x(rec: Mapping[str, Any], rl_steps: np.ndarray, sft: bool = False) -> float:
+    """Where an evaluation sits on the RL-iteration axis: ``before`` at 0 (at -1 when SFT ran
+    between it and RL, so that SFT's gain is not drawn as RL's), ``after`` one past the last RL
+    iteration, ``during`` at its step (the RL iterations done)."""
     label = rec.get("label")
     if len(rl_steps) and label == "before":
-        return 0.0
+        return -1.0 if sft else 0.0
     if len(rl_steps) and label == "after":
         return float(np.nanmax(rl_steps) + 1)
     return float(rec.get("step", 0))
@@ -224,91 +232,173 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _integer_ticks(axis) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _rate_limits(ax, *series: np.ndarray) -> None:
+    """A rate's axis: all of [0, 1] (wider when a value falls outside), room above for labels, so a
+    small change looks small."""
+    vals = np.concatenate([v[np.isfinite(v)] for v in series] + [np.zeros(0)])
+    lo, hi = min(0.0, float(vals.min(initial=0.0))), max(1.0, float(vals.max(initial=1.0)))
+    ax.set_ylim(lo - 0.03 * (hi - lo), hi + 0.12 * (hi - lo))
+
+
+def _from_zero(ax, *series: np.ndarray) -> None:
+    """A count's or loss's axis: from 0 (or the lowest negative value) to above the largest, so
+    the range spans the values' own scale and a few percent change stays a few percent."""
+    vals = np.concatenate([v[np.isfinite(v)] for v in series] + [np.zeros(0)])
+    lo, hi = min(0.0, float(vals.min(initial=0.0))), max(0.0, float(vals.max(initial=0.0)))
+    if hi - lo <= 0:
+        hi = lo + 1.0
+    ax.set_ylim(lo - 0.02 * (hi - lo) if lo < 0 else 0.0, hi + 0.1 * (hi - lo))
+
+
+def reward_figure(metrics: Sequence[Mapping[str, Any]]):
+    """``reward.png``'s figure (None without RL reward or success): RL reward and success per RL
+    iteration on a [0, 1] axis, the evaluations' success as labelled points, and, when the run
+    did SFT, the ``before`` evaluation at -1, the SFT span shaded and RL's start marked at 0."""
+    rl, ev, sft = _phase(metrics, "rl"), _phase(metrics, "eval"), _phase(metrics, "sft")
+    x = _steps(rl)
+    reward, success = _series(rl, "reward"), _series(rl, "success")
+    if not (np.isfinite(reward).any() or np.isfinite(success).any()):
+        return None
+    from matplotlib.ticker import FuncFormatter
+
+    did_sft = bool(sft) and len(x) > 0
+    fig, (ax,) = _new_figure()
+    if did_sft:
+        ax.axvspan(-1.0, 0.0, color="0.85", alpha=0.6, lw=0, label="SFT (between the first eval and RL)")
+        ax.axvline(0.0, color="0.3", ls="--", lw=1.0, label="RL starts (after SFT)")
+    if np.isfinite(reward).any():
+        ax.plot(x, reward, color="tab:blue", lw=1.5, label="RL reward")
+    if np.isfinite(success).any():
+        ax.plot(x, success, color="tab:green", lw=1.5, label="RL success")
+    pts = [(_eval_x(r, x, did_sft), _finite(r.get("success")), str(r.get("label", ""))) for r in ev]
+    pts = [p for p in pts if p[1] is not None]
+    if pts:
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="tab:red", marker="D", zorder=3,
+                   label="eval success")
+        right = max(p[0] for p in pts)
+        for px, py, label in pts:
+            shown = "before (pre-SFT)" if did_sft and label == "before" else label
+            last = px == right and px > 0    # the rightmost label reads leftwards, inside the axes
+            ax.annotate(f"{shown} {py:.2f}".strip(), (px, py), textcoords="offset points",
+                        xytext=(-4 if last else 4, 6), ha="right" if last else "left", fontsize=8, color="tab:red")
+    ax.margins(x=0.08)
+    _rate_limits(ax, reward, success, np.array([p[1] for p in pts], np.float64))
+    _integer_ticks(ax.xaxis)
+    if did_sft:   # -1 is not an iteration: it is the evaluation before SFT
+        ax.xaxis.set_major_formatter(FuncFormatter(
+            lambda v, _: "pre-SFT" if round(v) == -1 else (f"{v:g}" if v >= 0 else "")))
+    ax.set_xlabel("RL iteration")
+    ax.set_ylabel("reward / success")
+    ax.set_title("Outcome reward and success")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    return fig
+
+
+def turns_length_figure(metrics: Sequence[Mapping[str, Any]]):
+    """``turns_length.png``'s figure (None without the data): turns per episode and response
+    tokens per turn per RL iteration, each axis from 0."""
+    rl = _phase(metrics, "rl")
+    x = _steps(rl)
+    turns, tokens = _series(rl, "turns"), _series(rl, "response_tokens")
+    if not (np.isfinite(turns).any() or np.isfinite(tokens).any()):
+        return None
+    fig, (ax1, ax2) = _new_figure(2, height=6)
+    ax1.plot(x, turns, color="tab:purple", lw=1.5)
+    ax1.set_ylabel("turns / episode")
+    ax1.set_title("Episode turns and response length")
+    ax2.plot(x, tokens, color="tab:orange", lw=1.5)
+    ax2.set_ylabel("response tokens / turn")
+    ax2.set_xlabel("RL iteration")
+    for a, values in ((ax1, turns), (ax2, tokens)):
+        a.grid(alpha=0.3)
+        _integer_ticks(a.xaxis)
+        _from_zero(a, values)
+    return fig
+
+
+GREY_CELLS_NOTE = "grey: no valid turn at this index (no episode of that iteration reached it)"
+
+
+def infogain_figure(metrics: Sequence[Mapping[str, Any]]):
+    """``infogain_heatmap.png``'s figure (None without ``info/gain_by_turn``): gain by action turn
+    (y) over RL iterations (x); grey cells, explained under the plot, have no value."""
+    steps, grid = gain_by_turn_matrix(metrics)
+    if not grid.size:
+        return None
+    import matplotlib
+    from matplotlib.colors import TwoSlopeNorm
+
+    fig, (ax,) = _new_figure()
+    vals = grid[np.isfinite(grid)]
+    lo, hi = (float(vals.min()), float(vals.max())) if vals.size else (0.0, 1.0)
+    if lo < 0 < hi:
+        cmap, norm = matplotlib.colormaps["RdBu_r"], TwoSlopeNorm(0.0, lo, hi)
+    else:
+        cmap, norm = matplotlib.colormaps["viridis"], None
+    im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", origin="lower", interpolation="nearest",
+                   cmap=cmap.with_extremes(bad="lightgrey"), norm=norm,
+                   extent=(steps[0] - 0.5, steps[-1] + 0.5, 0.5, grid.shape[0] + 0.5))
+    fig.colorbar(im, ax=ax, label="information gain")
+    ax.set_xlabel("RL iteration")
+    ax.set_ylabel("action turn")
+    _integer_ticks(ax.xaxis)
+    if grid.shape[0] <= 20:
+        ax.set_yticks(range(1, grid.shape[0] + 1))
+    else:
+        _integer_ticks(ax.yaxis)
+    ax.set_title("Information gain by turn")
+    if not np.isfinite(grid).all():
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(facecolor="lightgrey", edgecolor="0.5", label=GREY_CELLS_NOTE)],
+                  loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=8, frameon=False)
+    return fig
+
+
+def sft_loss_figure(metrics: Sequence[Mapping[str, Any]]):
+    """``sft_loss.png``'s figure (None without SFT records): loss (and NLL) per SFT step, from 0."""
+    sft = _phase(metrics, "sft")
+    loss, nll = _series(sft, "loss"), _series(sft, "nll")
+    if not (np.isfinite(loss).any() or np.isfinite(nll).any()):
+        return None
+    fig, (ax,) = _new_figure()
+    xs = _steps(sft)
+    if np.isfinite(loss).any():
+        ax.plot(xs, loss, color="tab:blue", lw=1.5, label="loss")
+    if np.isfinite(nll).any():
+        ax.plot(xs, nll, color="tab:gray", lw=1.0, ls="--", label="nll")
+    ax.set_xlabel("SFT step")
+    ax.set_ylabel("loss")
+    ax.set_title("SFT loss")
+    _integer_ticks(ax.xaxis)
+    _from_zero(ax, loss, nll)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    return fig
+
+
+PLOTS = (("reward.png", reward_figure), ("turns_length.png", turns_length_figure),
+         ("infogain_heatmap.png", infogain_figure), ("sft_loss.png", sft_loss_figure))
+"""The run's plots: file name and the function that builds its figure from the metrics."""
+
+
 def plot_run(metrics: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[Path]:
     """Writes the run's PNG plots (see the module docstring) to ``out_dir``; returns their paths.
     A plot whose data is absent is skipped."""
     out = Path(out_dir)
     written: list[Path] = []
-    rl, ev, sft = _phase(metrics, "rl"), _phase(metrics, "eval"), _phase(metrics, "sft")
-    x = _steps(rl)
-
-    reward, success = _series(rl, "reward"), _series(rl, "success")
-    if np.isfinite(reward).any() or np.isfinite(success).any():
-        out.mkdir(parents=True, exist_ok=True)
-        fig, (ax,) = _new_figure()
-        if np.isfinite(reward).any():
-            ax.plot(x, reward, color="tab:blue", lw=1.5, label="RL reward")
-        if np.isfinite(success).any():
-            ax.plot(x, success, color="tab:green", lw=1.5, label="RL success")
-        pts = [(_eval_x(r, x), _finite(r.get("success")), str(r.get("label", ""))) for r in ev]
-        pts = [p for p in pts if p[1] is not None]
-        if pts:
-            ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="tab:red", marker="D", zorder=3,
-                       label="eval success")
-            for px, py, label in pts:
-                ax.annotate(f"{label} {py:.2f}".strip(), (px, py), textcoords="offset points", xytext=(4, 6),
-                            fontsize=8, color="tab:red")
-        ax.margins(x=0.08, y=0.12)  # room for the points' labels
-        ax.set_xlabel("RL iteration")
-        ax.set_ylabel("reward / success")
-        ax.set_title("Outcome reward and success")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
-        written.append(_save(fig, out / "reward.png"))
-
-    turns, tokens = _series(rl, "turns"), _series(rl, "response_tokens")
-    if np.isfinite(turns).any() or np.isfinite(tokens).any():
-        out.mkdir(parents=True, exist_ok=True)
-        fig, (ax1, ax2) = _new_figure(2, height=6)
-        ax1.plot(x, turns, color="tab:purple", lw=1.5)
-        ax1.set_ylabel("turns / episode")
-        ax1.set_title("Episode turns and response length")
-        ax2.plot(x, tokens, color="tab:orange", lw=1.5)
-        ax2.set_ylabel("response tokens / turn")
-        ax2.set_xlabel("RL iteration")
-        for a in (ax1, ax2):
-            a.grid(alpha=0.3)
-        written.append(_save(fig, out / "turns_length.png"))
-
-    steps, grid = gain_by_turn_matrix(metrics)
-    if grid.size:
-        import matplotlib
-        from matplotlib.colors import TwoSlopeNorm
-
-        out.mkdir(parents=True, exist_ok=True)
-        fig, (ax,) = _new_figure()
-        vals = grid[np.isfinite(grid)]
-        lo, hi = (float(vals.min()), float(vals.max())) if vals.size else (0.0, 1.0)
-        if lo < 0 < hi:
-            cmap, norm = matplotlib.colormaps["RdBu_r"], TwoSlopeNorm(0.0, lo, hi)
-        else:
-            cmap, norm = matplotlib.colormaps["viridis"], None
-        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", origin="lower", interpolation="nearest",
-                       cmap=cmap.with_extremes(bad="lightgrey"), norm=norm,
-                       extent=(steps[0] - 0.5, steps[-1] + 0.5, 0.5, grid.shape[0] + 0.5))
-        fig.colorbar(im, ax=ax, label="information gain")
-        ax.set_xlabel("RL iteration")
-        ax.set_ylabel("action turn")
-        if grid.shape[0] <= 20:
-            ax.set_yticks(range(1, grid.shape[0] + 1))
-        ax.set_title("Information gain by turn")
-        written.append(_save(fig, out / "infogain_heatmap.png"))
-
-    loss, nll = _series(sft, "loss"), _series(sft, "nll")
-    if np.isfinite(loss).any() or np.isfinite(nll).any():
-        out.mkdir(parents=True, exist_ok=True)
-        fig, (ax,) = _new_figure()
-        xs = _steps(sft)
-        if np.isfinite(loss).any():
-            ax.plot(xs, loss, color="tab:blue", lw=1.5, label="loss")
-        if np.isfinite(nll).any():
-            ax.plot(xs, nll, color="tab:gray", lw=1.0, ls="--", label="nll")
-        ax.set_xlabel("SFT step")
-        ax.set_ylabel("loss")
-        ax.set_title("SFT loss")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
-        written.append(_save(fig, out / "sft_loss.png"))
+    for name, make in PLOTS:
+        fig = make(metrics)
+        if fig is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            written.append(_save(fig, out / name))
     return written
 
 

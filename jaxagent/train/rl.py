@@ -12,7 +12,22 @@ old log-probs are the sampler's (the raw policy at sampling time, equal to teach
 
 Per-iteration metrics: success (outcome >= ``success_threshold``), reward, turns, response
 length, terminations, simulator failures, info-gain by turn index, gate, the update's metrics
-(means over minibatches), rollout and update wall times and tokens/s.
+(means over minibatches), rollout and update wall times and tokens/s; the simulator's calls as
+``sim/*`` (`episode_metrics`).
+
+**Simulator failures.** An episode that ended in ``simulator_failure`` says nothing about the
+policy: by default (``train_on_failed=False``) it is left out of the credit batch and of its
+group's statistics, and counted (``sim/failed_episodes``, ``sim/excluded_episodes``). Its row
+becomes an empty padding row (no tokens: no group statistic, no advantage, no loss), so the
+batch keeps its shape and nothing recompiles. A group left with fewer members is normalised
+over the ones left (the group statistics are segment sums over valid rows); a group left with
+one member gets outcome advantage 0 (a degenerate group, `jaxagent.credit.grpo`) but keeps its
+turn-level InfoPO/Faca terms. The PPO epochs then run ``ceil(kept / minibatch_size)``
+minibatches of the usual size, the last one filled up with padding rows (which weigh nothing
+under the token- and sequence-mean aggregations; ``seq_mean_token_sum_norm``'s constant
+normaliser counts them as rows). When every episode failed the update is skipped
+(``sim/update_skipped`` = 1) and the iteration is still recorded. `FailureBudget` stops a run
+whose simulator keeps failing (`SimulatorFailureBudget`).
 """
 
 from __future__ import annotations
@@ -34,6 +49,7 @@ from jaxagent.credit.infogain import compute_infogain, packed_length
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.credit.reaction import FacaConfig
 from jaxagent.envs.base import Environment
+from jaxagent.envs.llm_user import FAILURE_KINDS
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
@@ -60,6 +76,21 @@ class RLSettings:
     # Teacher-forced scoring outside the gradient (reference log-probs, the info-gain pass) runs
     # this many rows at a time (0: the whole batch at once); results equal to float32 rounding.
     score_rows: int = 8
+    # The run stops (TrainingFailed, a non-zero exit) when more than this share of its RL updates
+    # so far were skipped for a non-finite loss or gradient (checked after each iteration once 4
+    # updates were made, and at the end; 1: never).
+    max_skipped_share: float = 0.5
+    # A fired collapse diagnostic (summary.json "collapse": true, `report.infopo_diagnostics`)
+    # ends the job with a non-zero exit, after the summary is written.
+    fail_on_collapse: bool = True
+    # Episodes that ended in simulator_failure: left out of the credit batch (False), or trained
+    # on with outcome 0 (True).
+    train_on_failed: bool = False
+    # The failure budget: the job stops (SimulatorFailureBudget) after failure_budget_iters
+    # consecutive iterations in each of which more than failure_share of the episodes ended in
+    # simulator_failure (failure_budget_iters=0: never).
+    failure_share: float = 0.5
+    failure_budget_iters: int = 3
 
     def validate(self) -> None:
         if self.credit not in CREDIT_METHODS:
@@ -76,6 +107,22 @@ class RLSettings:
             raise ValueError(f"microbatches={self.microbatches}: expected a divisor of the minibatch size {mb}")
         if self.score_rows < 0:
             raise ValueError(f"score_rows={self.score_rows}: expected 0 (all rows at once) or an integer >= 1")
+        share = self.max_skipped_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            raise ValueError(f"max_skipped_share={share!r}: expected a number in [0, 1] (the share of updates that "
+                             "may be skipped for non-finite values before the run stops; 1: never stop)")
+        if not isinstance(self.fail_on_collapse, bool):
+            raise ValueError(f"fail_on_collapse={self.fail_on_collapse!r}: expected a bool")
+        if not isinstance(self.train_on_failed, bool):
+            raise ValueError(f"train_on_failed={self.train_on_failed!r}: expected a bool")
+        share = self.failure_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            raise ValueError(f"failure_share={share!r}: expected a number in [0, 1] (the share of an iteration's "
+                             "episodes that may fail before the iteration counts against the failure budget)")
+        iters = self.failure_budget_iters
+        if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
+            raise ValueError(f"failure_budget_iters={iters!r}: expected an integer >= 0 (consecutive failing "
+                             "iterations that stop the run; 0: never stop)")
 
 
 def _jit_scores(config: QwenConfig, rows: int | None = None):
@@ -138,10 +185,24 @@ class RLTrainer:
     def _train(self, trajs: Sequence[Trajectory], key: jax.Array, t_roll: float | None) -> dict[str, Any]:
         _, k_credit, k_perm = jax.random.split(key, 3)
         t1 = time.perf_counter()
+        metrics = episode_metrics(trajs, self.settings.success_threshold)
+        # Failed episodes out (module docstring): their rows become empty padding rows at the end.
+        kept = [t for t in trajs if self.settings.train_on_failed or t.termination != "simulator_failure"]
+        n_kept = len(kept)
+        metrics["sim/excluded_episodes"] = len(trajs) - n_kept
+        metrics["sim/update_skipped"] = int(n_kept == 0)
+        if n_kept == 0:  # nothing to learn from: no update, the iteration still recorded
+            if t_roll is not None:
+                metrics["time/rollout_s"] = t_roll
+            metrics.update({"time/credit_s": 0.0, "time/update_s": 0.0, "tokens": 0, "tokens_per_s": 0.0,
+                            "updates": int(self.state.step), "skipped_updates": int(self.state.skipped),
+                            "update/skipped": 0.0, "update/skipped_total": int(self.state.skipped)})
+            return metrics
+        rows = kept + [_padding_row() for _ in range(len(trajs) - n_kept)]
         # Turns padded to the episode limit (padded turns are invalid: no credit, no statistic), so
         # the credit's compiled shapes depend on the lengths only, not on each batch's longest episode.
-        n_turns = max(1, max(len(t.action_spans()) for t in trajs))
-        batch, old_lp = collate(trajs, multiple=self.settings.length_multiple,
+        n_turns = max(1, max(len(t.action_spans()) for t in kept))
+        batch, old_lp = collate(rows, multiple=self.settings.length_multiple,
                                 turns=max(n_turns, self.episode.max_turns))
         tokens = batch.tokens_BL
         r_info = None
@@ -163,25 +224,27 @@ class RLTrainer:
         t2 = time.perf_counter()
         B = tokens.shape[0]
         mb = self.settings.minibatch_size or B
+        # ceil(kept / mb) minibatches of mb rows, the last filled up with padding rows (weightless)
+        n_rows = -(-n_kept // mb) * mb
+        fill = np.arange(n_kept, B)[: n_rows - n_kept]
         upd: list[dict[str, jax.Array]] = []
         rng = np.random.default_rng(np.asarray(jax.random.key_data(k_perm)).astype(np.uint64))
         for _ in range(self.settings.ppo_epochs):
-            order = rng.permutation(B)
-            for s in range(0, B, mb):
+            order = np.concatenate([rng.permutation(n_kept), fill]).astype(np.int64)
+            for s in range(0, n_rows, mb):
                 idx = order[s : s + mb]
                 self.state, m = self.update(self.state, {k: v[idx] for k, v in data.items()})
                 upd.append(m)
         upd_host = jax.device_get(upd)
         t_update = time.perf_counter() - t2
 
-        metrics = episode_metrics(trajs, self.settings.success_threshold)
         for k in upd_host[0]:
             metrics[f"update/{k}"] = float(np.mean([m[k] for m in upd_host]))
         if self.infopo is not None:
             valid = np.asarray(diag["info_valid_BT"])
             r = np.asarray(diag["r_info_BT"])
             metrics["info/gain_mean"] = float(r[valid].mean()) if valid.any() else 0.0
-            metrics["info/gate_mean"] = float(np.mean(np.asarray(diag["gate_B"])))
+            metrics["info/gate_mean"] = float(np.mean(np.asarray(diag["gate_B"])[:n_kept]))  # not padding rows
             metrics["info/l1_share"] = float(diag["info_l1_share"])
             metrics["info/gain_by_turn"] = [float(r[:, t][valid[:, t]].mean()) if valid[:, t].any() else None
                                             for t in range(n_turns)]
@@ -189,6 +252,9 @@ class RLTrainer:
             for k, v in diag.items():
                 if k.startswith("faca/") and np.ndim(v) == 0:
                     metrics[k] = float(v)
+        # Per iteration (not a mean of the running counter): updates refused in it, and in the run so far.
+        metrics["update/skipped"] = float(sum(float(m["skipped"]) for m in upd_host))
+        metrics["update/skipped_total"] = int(self.state.skipped)
         n_tok = int(np.asarray(batch.pad_mask_BL).sum())
         if t_roll is not None:
             metrics["time/rollout_s"] = t_roll
@@ -198,8 +264,15 @@ class RLTrainer:
         return metrics
 
 
+def _padding_row() -> Trajectory:
+    """An empty record: a batch-padding row (no tokens: no statistic, no advantage, no loss)."""
+    return Trajectory(task_id="", group_id=-1, tokens=[], logprobs=[], spans=[], turn_rewards=[],
+                      outcome_reward=0.0, reaction_labels=[], termination="simulator_failure")
+
+
 def episode_metrics(trajs: Sequence[Trajectory], success_threshold: float = 1.0) -> dict[str, Any]:
-    """Success rate, reward, turns, response lengths and terminations of a list of episodes."""
+    """Success rate, reward, turns, response lengths and terminations of a list of episodes (failed
+    ones included, as outcome 0), and the simulator's calls (`sim_metrics`)."""
     rewards = np.asarray([t.outcome_reward for t in trajs], np.float64)
     turns = np.asarray([len(t.action_spans()) for t in trajs], np.float64)
     gen = np.asarray([sum(e - s for s, e in t.action_spans()) for t in trajs], np.float64)
@@ -217,6 +290,7 @@ def episode_metrics(trajs: Sequence[Trajectory], success_threshold: float = 1.0)
     }
     for term in sorted({t.termination for t in trajs}):
         out[f"termination/{term}"] = int(sum(t.termination == term for t in trajs))
+    out.update(sim_metrics(trajs))
     # InfoPO's length-reward correlation diagnostic (0 when either side is constant)
     if len(trajs) > 1 and gen.std() > 0 and rewards.std() > 0:
         out["length_reward_corr"] = float(np.corrcoef(gen, rewards)[0, 1])
@@ -225,4 +299,75 @@ def episode_metrics(trajs: Sequence[Trajectory], success_threshold: float = 1.0)
     return out
 
 
-__all__ = ["CREDIT_METHODS", "RLSettings", "RLTrainer", "episode_metrics"]
+def sim_metrics(trajs: Sequence[Trajectory]) -> dict[str, int]:
+    """The simulator's side of a list of episodes, from their records' ``info``
+    (`jaxagent.rollout.loop`): ``sim/calls``, ``sim/attempts`` (HTTP attempts), ``sim/retries``
+    (the clients' own), ``sim/failed_calls`` (calls that raised), ``sim/fail/<kind>`` (failed
+    attempts by cause, every `FAILURE_KINDS` entry), ``sim/loop_errors`` (failed reset/step calls
+    in the loop) and ``sim/loop_timeouts`` (those past ``rollout.timeout_s``),
+    ``sim/failed_episodes`` and ``sim/truncated_replies``."""
+    def total(key: str) -> int:
+        return int(sum(int(t.info.get(key, 0) or 0) for t in trajs))
+
+    out = {"sim/calls": total("sim_calls"), "sim/attempts": total("sim_attempts"),
+           "sim/retries": total("sim_retries"), "sim/failed_calls": total("sim_failed_calls"),
+           "sim/loop_errors": total("simulator_errors"), "sim/loop_timeouts": total("simulator_timeouts"),
+           "sim/failed_episodes": int(sum(t.termination == "simulator_failure" for t in trajs)),
+           "sim/truncated_replies": total("truncated_replies")}
+    kinds = dict.fromkeys(FAILURE_KINDS, 0)
+    for t in trajs:
+        for kind, n in (t.info.get("sim_failures") or {}).items():
+            kinds[kind] = kinds.get(kind, 0) + int(n)
+    out.update({f"sim/fail/{k}": v for k, v in kinds.items()})
+    return out
+
+
+class SimulatorFailureBudget(RuntimeError):
+    """The user simulator kept failing: a run stops (non-zero exit from ``jaxagent.launch``) rather
+    than train on nothing. The message names the share, the budget's settings and the causes."""
+
+
+def failure_causes(trajs: Sequence[Trajectory]) -> str:
+    """The causes of the failed episodes among ``trajs``, for a message: failed HTTP attempts by
+    cause (``401 x 8, connection x 2``), loop timeouts, and the last error seen."""
+    failed = [t for t in trajs if t.termination == "simulator_failure"]
+    kinds: dict[str, int] = {}
+    for t in failed:
+        for kind, n in (t.info.get("sim_failures") or {}).items():
+            kinds[kind] = kinds.get(kind, 0) + int(n)
+    parts = [f"{k} x {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]) if n]
+    timeouts = sum(int(t.info.get("simulator_timeouts", 0) or 0) for t in failed)
+    if timeouts:
+        parts.append(f"rollout.timeout_s exceeded x {timeouts}")
+    last = next((t.info["last_error"] for t in reversed(failed) if t.info.get("last_error")), None)
+    text = "failed attempts by cause: " + (", ".join(parts) if parts else "none recorded")
+    if last:
+        text += f"; last error: {last}"
+    return " ".join(text.split())  # one line
+
+
+class FailureBudget:
+    """Counts consecutive iterations in which more than ``share`` of the episodes ended in
+    ``simulator_failure``; `update` raises `SimulatorFailureBudget` at the ``iters``-th
+    (``iters=0``: never). Built from `RLSettings` (``failure_share``, ``failure_budget_iters``)."""
+
+    def __init__(self, share: float = 0.5, iters: int = 3):
+        self.share, self.iters, self.streak = float(share), int(iters), 0
+
+    @classmethod
+    def from_settings(cls, settings: RLSettings) -> FailureBudget:
+        return cls(settings.failure_share, settings.failure_budget_iters)
+
+    def update(self, trajs: Sequence[Trajectory], step: int) -> None:
+        n = len(trajs)
+        failed = sum(t.termination == "simulator_failure" for t in trajs)
+        self.streak = self.streak + 1 if n and failed > self.share * n else 0
+        if self.iters and self.streak >= self.iters:
+            raise SimulatorFailureBudget(
+                f"rl iteration {step}: {failed}/{n} episodes ended in simulator_failure; more than "
+                f"rl.failure_share={self.share:g} of the episodes failed in {self.streak} consecutive iterations "
+                f"(rl.failure_budget_iters={self.iters}); {failure_causes(trajs)}")
+
+
+__all__ = ["CREDIT_METHODS", "FailureBudget", "RLSettings", "RLTrainer", "SimulatorFailureBudget", "episode_metrics",
+           "failure_causes", "sim_metrics"]

@@ -7,6 +7,7 @@ B = M * b.
   linear warmup then a constant or cosine schedule.
 - `TrainState`: params, optimizer state, ``step`` (updates applied) and ``skipped`` (updates
   refused because the loss or a gradient was not finite: the state is left as it was).
+  `check_skipped_share` raises `TrainingFailed` when too many were refused.
 - `make_update(loss_fn, tx, microbatches=M)`: ``update(state, batch) -> (state, metrics)``, one
   `jax.jit` with the state donated. The batch (a dict of ``[B, ...]`` arrays) is split into M
   microbatches scanned in sequence; their gradients are combined with the weights the loss's
@@ -105,6 +106,31 @@ class TrainState:
         return cls(params, tx.init(params), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
 
 
+class TrainingFailed(RuntimeError):
+    """A run stopped because its training went wrong (too many skipped updates, a collapse):
+    `jaxagent.launch` turns it into a non-zero exit with this one-line message."""
+
+
+#: `check_skipped_share` judges the share only after this many updates (applied + skipped) of a
+#: phase, but for the phase's last check (``final=True``).
+SKIP_CHECK_MIN_UPDATES = 4
+
+
+def check_skipped_share(applied: int, skipped: int, limit: float, *, phase: str, key: str,
+                        final: bool = False) -> None:
+    """Raises `TrainingFailed` when more than ``limit`` of the ``applied + skipped`` updates so far
+    were skipped (non-finite loss or gradients), once at least `SKIP_CHECK_MIN_UPDATES` were made
+    (or ``final``). ``key``: the config key of ``limit``, named in the message (``limit`` 1: never)."""
+    total = applied + skipped
+    if total == 0 or (total < SKIP_CHECK_MIN_UPDATES and not final):
+        return
+    if skipped / total > limit:
+        raise TrainingFailed(
+            f"{phase}: {skipped} of {total} updates were skipped (non-finite loss or gradients), "
+            f"{skipped / total:.0%} > {key}={limit:g}; lower the learning rate or check the data "
+            f"(set {key}=1 to never stop)")
+
+
 def _all_finite(tree) -> jax.Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
@@ -171,7 +197,8 @@ def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatch
 
     Metrics: the loss's metrics (weighted means over microbatches; counts summed; ``ratio_min``
     / ``ratio_max`` the extremes), plus ``grad_norm`` (of the accumulated gradient), ``lr`` (with
-    ``lr_schedule``: the rate this update used), ``finite`` (1 when the update was applied) and ``skipped`` (updates refused so far).
+    ``lr_schedule``: the rate this update used), ``finite`` (1 when the update was applied), ``skipped``
+    (1 when it was refused: ``1 - finite``) and ``skipped_total`` (updates refused so far, ``state.skipped``).
     """
     if microbatches < 1:
         raise ValueError(f"microbatches={microbatches}: expected >= 1")
@@ -216,7 +243,7 @@ def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatch
             skipped=state.skipped + (~finite).astype(jnp.int32),
         )
         metrics.update(grad_norm=optax.tree.norm(grads), finite=finite.astype(jnp.float32),
-                       skipped=new_state.skipped.astype(jnp.float32))
+                       skipped=(~finite).astype(jnp.float32), skipped_total=new_state.skipped.astype(jnp.float32))
         if lr_schedule is not None:
             metrics["lr"] = jnp.asarray(lr_schedule(state.step), jnp.float32)
         return new_state, metrics
@@ -224,5 +251,6 @@ def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatch
     return jax.jit(update, donate_argnums=(0,))
 
 
-__all__ = ["OptimSettings", "TrainState", "learning_rate", "make_optimizer", "make_update", "microbatch_weight",
+__all__ = ["SKIP_CHECK_MIN_UPDATES", "OptimSettings", "TrainState", "TrainingFailed", "check_skipped_share",
+           "learning_rate", "make_optimizer", "make_update", "microbatch_weight",
            "ppo_loss_fn", "sequence_scores", "sft_loss_fn"]

@@ -19,6 +19,10 @@ through here: it plays through the rollout loop (`jaxagent.rollout.loop`), token
 - `oracle_demos` turns the oracle's episodes into SFT demonstrations (``job=sft env=tau2_retail``).
 - `EndpointAgent` asks an OpenAI-compatible chat-completions server (OpenAI, vLLM, SGLang...) with
   the tools in the request, so an API model or a served checkpoint is scored by the same harness.
+  Its settings (``eval.endpoint``) are an `EndpointConfig`: the server and its HTTP policy only.
+  The agent's system prompt is the environment's (the instruction block and ``policy.md``, as
+  tau2 gives its agent) and its temperature is ``eval.temperature``, so neither is a key there (the
+  user simulator's `LLMUserConfig` would bring its role-play prompt as a default).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxagent.envs.base import AgentMessage, EnvMessage, Reset
+from jaxagent.envs.llm_user import LLMUserConfig
 from jaxagent.envs.tau2_retail.customer import identity_of
 from jaxagent.envs.tau2_retail.db import db_hash
 from jaxagent.envs.tau2_retail.scoring import initial_db, target_hash
@@ -192,11 +197,54 @@ def broken_plans(task: Task, data_dir: str | Path | None = None) -> dict[str, li
 
 
 # ----------------------------------------------------------------------------- an HTTP agent
+@dataclasses.dataclass(frozen=True)
+class EndpointConfig:
+    """The OpenAI-compatible server an `EndpointAgent` plays through (``eval.endpoint``): where it
+    is and the HTTP client's policy (fields as in `LLMUserConfig`, validated the same way).
+
+    There is no ``system_prompt``: the agent is given the environment's system message (the
+    instruction block and ``policy.md``), never a user simulator's role-play prompt. There is no
+    ``temperature`` either: the agent samples at ``eval.temperature``, as a local policy does
+    (`client_config`).
+    """
+
+    base_url: str
+    model: str
+    api_key_env: str | None = None
+    max_concurrency: int = 16
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 120.0
+    max_retries: int = 4
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    retry_after_max_s: float = 120.0
+    max_tokens: int | None = 512
+    trust_env: bool = True  # httpx: honour HTTP(S)_PROXY / NO_PROXY / SSL_CERT_FILE from the environment
+    seed: int | None = None  # the backoff jitter's RNG
+
+    def __post_init__(self):
+        try:
+            normalized = self.client_config(0.0)
+        except ValueError as e:   # the same checks, named after this class
+            raise ValueError(str(e).replace("LLMUserConfig.", "EndpointConfig.")) from None
+        object.__setattr__(self, "base_url", normalized.base_url)
+
+    def client_config(self, temperature: float) -> LLMUserConfig:
+        """The `LLMUserClient` settings for the agent at ``temperature``. Only its HTTP fields
+        matter: `EndpointAgent` sends the environment's messages itself (`LLMUserClient.chat`), so
+        the user-simulator fields (``system_prompt``, ``opening_message``, ``stop_markers``) keep
+        their defaults and are never used."""
+        return LLMUserConfig(temperature=temperature,
+                             **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+
 class EndpointAgent:
     """An agent served over an OpenAI-compatible chat-completions API (`LLMUserClient.chat`, with
     its retry policy): the system prompt, the conversation and the tool schemas go in the request;
     the reply's ``tool_calls`` (or its text) come back as the agent's message. Arguments that are
-    not a JSON object become ``call_errors`` (the environment answers them with an error)."""
+    not a JSON object become ``call_errors`` (the environment answers them with an error). The
+    client is built from an `EndpointConfig` (`EndpointConfig.client_config`); the system prompt is
+    the environment's, never the client config's."""
 
     def __init__(self, client):
         self.client = client
@@ -307,6 +355,7 @@ __all__ = [
     "BROKEN_VARIANTS",
     "CANCEL_REASONS",
     "EndpointAgent",
+    "EndpointConfig",
     "OracleAgent",
     "ScriptedAgent",
     "broken_plans",

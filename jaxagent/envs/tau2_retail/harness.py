@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -164,21 +163,24 @@ async def evaluate_host(factory: EnvFactory, make_agent, *, k: int, concurrency:
 
 def run_host_eval(cfg) -> dict[str, Any]:
     """``job=eval`` with ``eval.agent`` oracle or endpoint on tau2 retail: writes
-    ``runs/<name>/{config.yaml, episodes.jsonl, summary.json}`` and returns the summary."""
-    from jaxagent import configlib
+    ``runs/<name>/{config.yaml, episodes.jsonl, tasks.jsonl, summary.json}``, prints a few lines
+    (`summary_text`, with ``progress``) and returns the summary without its per-task figures
+    (``success_by_task``, in summary.json) and with the files' paths (``files``)."""
     from jaxagent.envs.llm_user import LLMUserClient
     from jaxagent.envs.tau2_retail.agents import EndpointAgent, OracleAgent
+    from jaxagent.train.resume import check_run_dir, record_config
 
     t0 = time.perf_counter()
     run_dir = Path(cfg.runs_dir) / cfg.name
+    check_run_dir(cfg, run_dir)  # never into another job's run directory (the key name)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(configlib.dump_yaml(cfg))
+    record_config(cfg, run_dir)
 
     async def main():
         factory = EnvFactory(cfg.env.tau2)
         factory.record = False  # the reports come back from `play`
         # the agent samples at eval.temperature, as the local policy does
-        endpoint = dataclasses.replace(cfg.eval.endpoint, temperature=cfg.eval.temperature) if cfg.eval.endpoint else None
+        endpoint = cfg.eval.endpoint.client_config(cfg.eval.temperature) if cfg.eval.endpoint else None
         client = LLMUserClient(endpoint) if cfg.eval.agent == "endpoint" else None
         make_agent = (lambda: EndpointAgent(client)) if client is not None else OracleAgent
         try:
@@ -191,15 +193,43 @@ def run_host_eval(cfg) -> dict[str, Any]:
 
     reports = asyncio.run(main())
     write_reports(run_dir / "episodes.jsonl", reports)
-    write_reports(run_dir / "tasks.jsonl", per_task(reports))
+    rows = per_task(reports)
+    write_reports(run_dir / "tasks.jsonl", rows)
     summary = {"name": cfg.name, "job": "eval", "env": "tau2_retail", "agent": cfg.eval.agent,
                "customer": cfg.env.tau2.customer, "agent_temperature": cfg.eval.temperature,
                **summarize(reports, scoring_mode=cfg.env.tau2.scoring, k=cfg.eval.k),
                "wall_seconds": time.perf_counter() - t0}
+    summary["pass_hat_k"] = sum(r["success"] >= 1.0 for r in rows) / len(rows)  # tau2's pass^k: all k runs
     summary["success_before"] = summary["success_after"] = summary["success"]
     summary["steps"], summary["credit"] = 0, None
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    # The per-task figures stay in the files (summary.json's success_by_task, tasks.jsonl); what is
+    # returned (and printed by the launcher) is the summary without them, plus where the files are.
+    shown = {k: v for k, v in summary.items() if k != "success_by_task"}
+    shown["files"] = {name: str(run_dir / name) for name in ("summary.json", "tasks.jsonl", "episodes.jsonl")}
+    if cfg.progress:
+        import sys
+
+        print(summary_text(shown), file=sys.stderr, flush=True)
+    return shown
 
 
-__all__ = ["SCORING_NOTE", "EnvFactory", "evaluate_host", "per_task", "run_host_eval", "summarize", "write_reports"]
+def summary_text(summary: Mapping[str, Any]) -> str:
+    """A few lines for the terminal: what ran, the avg@k figures, terminations, where the files are."""
+    k = summary["k"]
+    terms = ", ".join(f"{name} {n}" for name, n in sorted(summary["terminations"].items(), key=lambda x: -x[1]))
+    files = summary.get("files", {})
+    return "\n".join([
+        f"tau2 retail eval (agent={summary['agent']}, customer={summary['customer']}): {summary['tasks']} tasks"
+        f" x k={k} = {summary['episodes']} episodes",
+        f"  scoring {summary['scoring_note']}",
+        f"  reward {summary['reward']:.3f}  success {summary['success']:.3f}  pass^{k} {summary['pass_hat_k']:.3f}"
+        f"  pass@{k} {summary['pass_at_k']:.3f}  DB {summary['db']:.3f}  COMMUNICATE {summary['communicate']:.3f}",
+        f"  terminations: {terms}",
+        *([f"  files in {Path(files['summary.json']).parent}/: summary.json (figures, per-task success),"
+           " tasks.jsonl (one row per task), episodes.jsonl (transcripts)"] if files else []),
+    ])
+
+
+__all__ = ["SCORING_NOTE", "EnvFactory", "evaluate_host", "per_task", "run_host_eval", "summarize", "summary_text",
+           "write_reports"]
