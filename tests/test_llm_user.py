@@ -12,7 +12,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from hypothesis import given, settings
@@ -29,6 +29,7 @@ from jaxagent.envs.llm_user import (
     parse_retry_after,
     render_system_prompt,
 )
+from tests.loopback import LoopbackServer
 
 SECRET = "sk-test-SECRET-7f3a9c"
 PROFILE = {"instructions": "You want to return order #W123 because the shoes are too small."}
@@ -48,7 +49,7 @@ def ok_content(n: int) -> str:
     return json.dumps({"utterance": f"reply {n}", "strategy": "inform"})
 
 
-class FakeServer:
+class FakeServer(LoopbackServer):
     """An OpenAI-compatible /chat/completions server; ``faults`` is consumed one per request."""
 
     def __init__(self):
@@ -127,18 +128,7 @@ class FakeServer:
                     return self._send(200, b'{"object": "error", "message": "overloaded"}')
                 raise AssertionError(f"unknown fault {fault}")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
+        self._serve(Handler)
 
 
 @pytest.fixture

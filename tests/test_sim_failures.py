@@ -12,7 +12,7 @@ import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import jax
 import numpy as np
@@ -40,6 +40,7 @@ from jaxagent.train.rl import (
 )
 from jaxagent.train.step import OptimSettings, TrainState, make_optimizer
 from tests.conftest import FIXTURES
+from tests.loopback import LoopbackServer
 
 TOK = load_tokenizer(FIXTURES / "tokenizer_qwen")
 CFG = preset("tiny-qwen2", vocab_size=TOK.vocab_size, max_position_embeddings=1024)
@@ -48,7 +49,7 @@ TASKS = {"t": {"profile": {"instructions": "You want a flight at noon."}, "openi
 FIVE_MB = 5_000_000
 
 
-class FaultServer:
+class FaultServer(LoopbackServer):
     """``/v1/chat/completions``; each request takes the next of ``faults``, else ``plan(n, body)``
     (default: a well-formed reply). Records every request's body, size and arrival time."""
 
@@ -108,17 +109,7 @@ class FaultServer:
                     return self._send(200, b'{"object": "chat.completion", "choices": []}')
                 raise AssertionError(f"unknown fault {fault}")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
+        self._serve(Handler)
 
 
 @pytest.fixture
