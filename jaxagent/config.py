@@ -377,9 +377,9 @@ def load_config(path: str | Path | None = None, overrides=()) -> RunConfig:
     defaults), then the YAML file, then ``key=value`` overrides. Without a ``name`` in the file
     or the overrides, the name is `default_name`."""
     overrides = list(overrides)
-    cfg = configlib.load(RunConfig, path, overrides, base=configlib.to_dict(RunConfig()))
-    named = any(o.partition("=")[0].strip() == "name" for o in overrides) or (
-        path is not None and "name" in configlib._read_yaml(Path(path)))
+    data = configlib.read_yaml(path) if path is not None else {}  # read once: also tells whether it names the run
+    cfg = configlib.load(RunConfig, None, overrides, base=configlib.deep_merge(configlib.to_dict(RunConfig()), data))
+    named = "name" in data or any(o.partition("=")[0].strip() == "name" for o in overrides)
     return cfg if named else dataclasses.replace(cfg, name=default_name(cfg))
 
 

@@ -56,6 +56,7 @@ __all__ = [
     "dump_yaml",
     "from_dict",
     "load",
+    "read_yaml",
     "to_dict",
 ]
 
@@ -387,7 +388,10 @@ def _check_duplicate_keys(node: yaml.Node | None, path: Path, at: str = "") -> N
             _check_duplicate_keys(item, path, f"{at}[{i}]")
 
 
-def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+def read_yaml(path: str | Path, chain: tuple[Path, ...] = ()) -> dict:
+    """A config file as a mapping (after the file it includes, if any); ConfigError naming the file
+    for unreadable or invalid YAML, duplicate keys and include cycles."""
+    path = Path(path)
     resolved = path.resolve()
     if resolved in chain:
         raise ConfigError("include cycle: " + " -> ".join(str(p) for p in (*chain, resolved)))
@@ -408,7 +412,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict:
         return data
     if not isinstance(include, str):
         raise ConfigError(f"{path}: include: expected a file name (str), got {_show(include)}")
-    return deep_merge(_read_yaml(path.parent / include, (*chain, resolved)), data)
+    return deep_merge(read_yaml(path.parent / include, (*chain, resolved)), data)
 
 
 def load(
@@ -422,7 +426,7 @@ def load(
     (after the file it includes, if any), then ``overrides``; then build and check it as ``cls``."""
     data = _plain(base) if base is not None else {}
     if path is not None:
-        data = deep_merge(data, _read_yaml(Path(path)))
+        data = deep_merge(data, read_yaml(path))
     return from_dict(cls, apply_overrides(data, overrides, schema=cls))
 
 

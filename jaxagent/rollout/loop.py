@@ -140,15 +140,16 @@ async def _run_episode(engine, env, tokenizer, *, task_id, seed, group_id, sampl
             raise _Failure
         chat = ChatRenderer(tokenizer, tools=(list(reset.tools) or None) if config.tool_schemas_in_prompt else None)
         chat.add(*[m.to_chat() for m in reset.messages])
-        first = len(chat.tokens) + _GEN_PROMPT_MARGIN + sampling.max_new_tokens
-        if first > config.max_tokens:  # not one turn fits: a setting, not an episode outcome
-            raise EpisodeBudgetError(
-                f"rollout.max_tokens={config.max_tokens}: task {task_id!r} opens with a {len(chat.tokens)}-token "
-                f"prompt; one turn needs {first} (+ {_GEN_PROMPT_MARGIN} for the generation prompt + "
-                f"rollout.max_new_tokens={sampling.max_new_tokens}); expected rollout.max_tokens >= {first}")
         for turn in range(config.max_turns):
             # room for the generation prompt (a few template tokens) and the longest answer
-            if len(chat.tokens) + _GEN_PROMPT_MARGIN + sampling.max_new_tokens > config.max_tokens:
+            need = len(chat.tokens) + _GEN_PROMPT_MARGIN + sampling.max_new_tokens
+            if need > config.max_tokens:
+                if turn == 0:  # not one turn fits: a setting, not an episode outcome
+                    raise EpisodeBudgetError(
+                        f"rollout.max_tokens={config.max_tokens}: task {task_id!r} opens with a "
+                        f"{len(chat.tokens)}-token prompt; one turn needs {need} (+ {_GEN_PROMPT_MARGIN} for the "
+                        f"generation prompt + rollout.max_new_tokens={sampling.max_new_tokens}); expected "
+                        f"rollout.max_tokens >= {need}")
                 termination = "max_tokens"
                 break
             prompt = chat.start_generation()

@@ -107,22 +107,23 @@ class RLSettings:
             raise ValueError(f"microbatches={self.microbatches}: expected a divisor of the minibatch size {mb}")
         if self.score_rows < 0:
             raise ValueError(f"score_rows={self.score_rows}: expected 0 (all rows at once) or an integer >= 1")
-        share = self.max_skipped_share
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
-            raise ValueError(f"max_skipped_share={share!r}: expected a number in [0, 1] (the share of updates that "
-                             "may be skipped for non-finite values before the run stops; 1: never stop)")
+        _check_share("max_skipped_share", self.max_skipped_share, "the share of updates that may be skipped for "
+                     "non-finite values before the run stops; 1: never stop")
         if not isinstance(self.fail_on_collapse, bool):
             raise ValueError(f"fail_on_collapse={self.fail_on_collapse!r}: expected a bool")
         if not isinstance(self.train_on_failed, bool):
             raise ValueError(f"train_on_failed={self.train_on_failed!r}: expected a bool")
-        share = self.failure_share
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
-            raise ValueError(f"failure_share={share!r}: expected a number in [0, 1] (the share of an iteration's "
-                             "episodes that may fail before the iteration counts against the failure budget)")
+        _check_share("failure_share", self.failure_share, "the share of an iteration's episodes that may fail "
+                     "before the iteration counts against the failure budget")
         iters = self.failure_budget_iters
         if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
             raise ValueError(f"failure_budget_iters={iters!r}: expected an integer >= 0 (consecutive failing "
                              "iterations that stop the run; 0: never stop)")
+
+
+def _check_share(name: str, share: Any, what: str) -> None:
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+        raise ValueError(f"{name}={share!r}: expected a number in [0, 1] ({what})")
 
 
 def _jit_scores(config: QwenConfig, rows: int | None = None):
@@ -314,12 +315,18 @@ def sim_metrics(trajs: Sequence[Trajectory]) -> dict[str, int]:
            "sim/loop_errors": total("simulator_errors"), "sim/loop_timeouts": total("simulator_timeouts"),
            "sim/failed_episodes": int(sum(t.termination == "simulator_failure" for t in trajs)),
            "sim/truncated_replies": total("truncated_replies")}
-    kinds = dict.fromkeys(FAILURE_KINDS, 0)
+    kinds = {**dict.fromkeys(FAILURE_KINDS, 0), **_failures_by_kind(trajs)}
+    out.update({f"sim/fail/{k}": v for k, v in kinds.items()})
+    return out
+
+
+def _failures_by_kind(trajs: Sequence[Trajectory]) -> dict[str, int]:
+    """Failed HTTP attempts by cause, summed over the records' ``info["sim_failures"]``."""
+    kinds: dict[str, int] = {}
     for t in trajs:
         for kind, n in (t.info.get("sim_failures") or {}).items():
             kinds[kind] = kinds.get(kind, 0) + int(n)
-    out.update({f"sim/fail/{k}": v for k, v in kinds.items()})
-    return out
+    return kinds
 
 
 class SimulatorFailureBudget(RuntimeError):
@@ -331,10 +338,7 @@ def failure_causes(trajs: Sequence[Trajectory]) -> str:
     """The causes of the failed episodes among ``trajs``, for a message: failed HTTP attempts by
     cause (``401 x 8, connection x 2``), loop timeouts, and the last error seen."""
     failed = [t for t in trajs if t.termination == "simulator_failure"]
-    kinds: dict[str, int] = {}
-    for t in failed:
-        for kind, n in (t.info.get("sim_failures") or {}).items():
-            kinds[kind] = kinds.get(kind, 0) + int(n)
+    kinds = _failures_by_kind(failed)
     parts = [f"{k} x {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]) if n]
     timeouts = sum(int(t.info.get("simulator_timeouts", 0) or 0) for t in failed)
     if timeouts:
