@@ -202,6 +202,9 @@ class EvalSection:
     k: int = _help(1, "runs per task (avg@k)")
     tasks: int = _help(32, "held-out (test split) tasks")
     temperature: float = _help(0.0, "0: greedy")
+    sampled_k: int = _help(
+        4, "policy evaluations also sample sampled_k runs per task at rollout.temperature (the distribution RL "
+           "trains), logged as sampled/*; 0: off")
     every: int = _help(4, "RL iterations between evaluations (0: only before and after)")
     agent: Literal["policy", "oracle", "endpoint"] = _help(
         "policy", "job=eval: the model (policy), the gold-action oracle (tau2_retail), or an OpenAI-compatible "
@@ -217,6 +220,7 @@ class EvalSection:
             raise ValueError("agent='endpoint': expected eval.endpoint (base_url, model, ...)")
         if self.concurrency < 1:
             raise ValueError(f"concurrency={self.concurrency}: expected an integer >= 1")
+        _at_least("sampled_k", self.sampled_k, 0, what="an integer >= 0 (0: no sampled evaluation)")
         if self.k < 1 or self.tasks < 1 or self.every < 0:
             raise ValueError(f"k={self.k}, tasks={self.tasks}, every={self.every}: expected k, tasks >= 1, every >= 0")
 
@@ -274,6 +278,12 @@ class RunConfig:
             raise ValueError(f"rl.group_size={self.rl.group_size}: rl.credit={self.rl.credit!r} normalises each "
                              "episode's outcome within its group (GRPO), so a group of one gets no advantage; "
                              "expected an integer >= 2")
+        if self.job in ("rl", "sft+rl"):  # RL trains the sampler's distribution: refuse what it cannot score
+            from jaxagent.models.generate import SamplingParams
+            from jaxagent.train.rl import sampler_view
+
+            r = self.rollout
+            sampler_view(SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k), 1, 1)
         top = env_max_reward(self.env)
         if not 0.0 <= self.rl.success_threshold <= top:
             raise ValueError(f"rl.success_threshold={self.rl.success_threshold}: expected a number in [0, {top}] "

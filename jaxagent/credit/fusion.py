@@ -207,7 +207,9 @@ def fuse(
     without the gate; ``gate_G[g]`` for group id g), ``info_l1_share`` (sum |info term| / sum of
     the L1 masses of all terms, over agent tokens); with Faca ``A_proc_BQ`` (unweighted) and
     ``faca/<name>`` for each entry of ``reaction_telemetry`` (its ``proc_l1_share`` is relative
-    to |A_ext + info term| + |lam * A_proc|).
+    to |A_ext + info term| + |lam * A_proc|). Coverage (float32 scalars): ``cover/ext``,
+    ``cover/total`` and with the terms on ``cover/info``, ``cover/proc``: the share of agent tokens
+    where that term is nonzero; ``zero_adv_group_share`` (`zero_advantage_group_share`).
     """
     batch.check()
     B, L = batch.tokens_BL.shape
@@ -263,7 +265,31 @@ def fuse(
     if infopo is not None:
         total = _l1(ext_BL, agent_BL) + _l1(info_BL, agent_BL) + _l1(proc_BL, agent_BL)
         diag["info_l1_share"] = safe_ratio(_l1(info_BL, agent_BL), total)
+    # coverage: the share of agent tokens each term reaches (nonzero), and of groups whose
+    # outcome advantage is 0 (all rewards equal: the outcome does not discriminate)
+    n_agent = jnp.sum(agent_BL, dtype=jnp.float32)
+    cover = lambda x_BL: safe_ratio(jnp.sum(agent_BL & (x_BL != 0), dtype=jnp.float32), n_agent)  # noqa: E731
+    diag["cover/ext"] = cover(ext_BL)
+    diag["cover/total"] = cover(A_BL)
+    if infopo is not None:
+        diag["cover/info"] = cover(info_BL)
+    if faca is not None:
+        diag["cover/proc"] = cover(proc_BL)
+    diag["zero_adv_group_share"] = zero_advantage_group_share(A_ext_B, batch.group_id_B, row_valid_B)
     return A_BL, diag
+
+
+def zero_advantage_group_share(A_ext_B: jax.Array, group_id_B: jax.Array, valid_B: jax.Array) -> jax.Array:
+    """The share of groups (with at least one valid row) whose outcome advantages are all 0: groups
+    whose rewards are all equal (or that have one member), where GRPO has nothing to learn from.
+    A_ext_B, group_id_B (ids in [0, B)), valid_B: [B]. Float32 scalar (0 with no valid group)."""
+    B = A_ext_B.shape[0]
+    valid = jnp.asarray(valid_B, bool)
+    gid = jnp.where(valid, group_id_B, B)  # invalid rows to a dropped bucket
+    members = jax.ops.segment_sum(valid.astype(jnp.float32), gid, num_segments=B + 1)[:B]
+    nonzero = jax.ops.segment_sum((valid & (A_ext_B != 0)).astype(jnp.float32), gid, num_segments=B + 1)[:B]
+    present = members > 0
+    return safe_ratio(jnp.sum(present & (nonzero == 0), dtype=jnp.float32), jnp.sum(present, dtype=jnp.float32))
 
 
 __all__ = [
@@ -274,4 +300,5 @@ __all__ = [
     "infogain_valid_turns",
     "normalize_turn_rewards",
     "variance_gate",
+    "zero_advantage_group_share",
 ]

@@ -131,6 +131,7 @@ def infogain_vmapped(
     attn_impl: str = "xla",
     chunk_size: int = 512,
     row_chunk: int | None = None,
+    temperature: float = 1.0,
 ) -> InfoGainOutput:
     """Every counterfactual history through one batched teacher-forcing call ([B*T, Lc]).
 
@@ -143,7 +144,7 @@ def infogain_vmapped(
     if factual_logp_BL is None:
         factual_logp_BL = token_logprobs(
             params, batch.tokens_BL, config=config, segment_ids_BL=batch.pad_mask_BL.astype(jnp.int32),
-            attn_impl=attn_impl, chunk_size=chunk_size, row_chunk=row_chunk,
+            attn_impl=attn_impl, chunk_size=chunk_size, row_chunk=row_chunk, temperature=temperature,
         )
     nxt = _next_action_span(batch)
     fact = _sum_over_action(factual_logp_BL, nxt)
@@ -152,7 +153,7 @@ def infogain_vmapped(
     lp = token_logprobs(
         params, cf_tokens.reshape(B * T, Lc), config=config,
         segment_ids_BL=cf_mask.reshape(B * T, Lc).astype(jnp.int32), attn_impl=attn_impl, chunk_size=chunk_size,
-        row_chunk=row_chunk,
+        row_chunk=row_chunk, temperature=temperature,
     )
     cf = _sum_over_action(lp, cf_span.reshape(B * T, 1, 2)).reshape(B, T)
     act_len = nxt[..., 1] - nxt[..., 0]
@@ -239,6 +240,7 @@ def infogain_shared_prefix(
     attn_impl: str = "xla",
     chunk_size: int = 512,
     row_chunk: int | None = None,
+    temperature: float = 1.0,
 ) -> InfoGainOutput:
     """One packed teacher-forcing pass per trajectory: the trajectory, then each valid turn's
     counterfactual suffix. Returns r_info and, as a by-product, the trajectories' next-token
@@ -252,7 +254,7 @@ def infogain_shared_prefix(
     def packed_logprobs(rows: CreditBatch):  # layout and pass for some rows: their [b, Lp, Lp] masks only
         tokens, positions, mask, act_start, _ = shared_prefix_layout(rows, ph_P, packed_len, placeholder_mode)
         lp = token_logprobs(params, tokens, config=config, positions_BL=positions, mask_BLS=mask, attn_impl=attn_impl,
-                            chunk_size=chunk_size)
+                            chunk_size=chunk_size, temperature=temperature)
         return lp, act_start
 
     if row_chunk is not None and 0 < row_chunk < B:
@@ -271,15 +273,18 @@ def infogain_shared_prefix(
 
 # ---------------------------------------------------------------------------- naive (reference)
 @functools.lru_cache(maxsize=32)
-def _naive_scorer(config: QwenConfig, attn_impl: str):
-    return jax.jit(lambda p, x, m: token_logprobs(p, x, config=config, segment_ids_BL=m, attn_impl=attn_impl))
+def _naive_scorer(config: QwenConfig, attn_impl: str, temperature: float = 1.0):
+    return jax.jit(lambda p, x, m: token_logprobs(p, x, config=config, segment_ids_BL=m, attn_impl=attn_impl,
+                                                  temperature=temperature))
 
 
 _vmapped_jit = jax.jit(infogain_vmapped,
-                       static_argnames=("config", "placeholder_mode", "attn_impl", "chunk_size", "row_chunk"))
+                       static_argnames=("config", "placeholder_mode", "attn_impl", "chunk_size", "row_chunk",
+                                        "temperature"))
 _shared_prefix_jit = jax.jit(
     infogain_shared_prefix,
-    static_argnames=("config", "packed_len", "placeholder_mode", "attn_impl", "chunk_size", "row_chunk"),
+    static_argnames=("config", "packed_len", "placeholder_mode", "attn_impl", "chunk_size", "row_chunk",
+                     "temperature"),
 )
 
 
@@ -292,6 +297,7 @@ def infogain_naive(
     placeholder_mode: PlaceholderMode = "replace",
     minibatch: int = 8,
     attn_impl: str = "xla",
+    temperature: float = 1.0,
 ) -> InfoGainOutput:
     """The reference procedure, on the host: for each valid turn, build the factual history
     (through a_{t+1}) and the counterfactual one as token lists, and run both through a jitted
@@ -321,7 +327,7 @@ def infogain_naive(
     fact = np.zeros((B, T), np.float32)
     cf = np.zeros((B, T), np.float32)
     width = L + len(ph)
-    score = _naive_scorer(config, attn_impl)
+    score = _naive_scorer(config, attn_impl, float(temperature))
 
     def run(seqs: list[list[int]]) -> np.ndarray:
         x = np.zeros((minibatch, width), np.int32)
@@ -371,13 +377,15 @@ def compute_infogain(
     packed_len: int | None = None,
     attn_impl: str = "xla",
     row_chunk: int | None = None,
+    temperature: float = 1.0,
 ) -> InfoGainOutput:
     """Dispatches to one of the three modes (host entry point; the vmapped and shared-prefix
     modes are single jitted calls). ``mode`` and ``placeholder_mode`` are `InfoPOConfig`'s
     fields of the same names; ``ph_ids`` is its ``placeholder`` tokenised as the feedback's
     content would be (e.g. `ChatRenderer.encode_content`). ``row_chunk`` (vmapped and
     shared_prefix): rows run through the model at a time (None: all at once; see
-    `token_logprobs`)."""
+    `token_logprobs`). ``temperature``: the log-probs are the policy's at the sampler's
+    temperature (the distribution the RL trainer optimises; 1: the raw policy)."""
     if mode not in ("naive", "vmapped", "shared_prefix"):
         raise ValueError(f"mode={mode!r}: expected 'naive', 'vmapped' or 'shared_prefix'")
     if placeholder_mode not in ("replace", "overwrite"):
@@ -386,14 +394,17 @@ def compute_infogain(
     if ph.size == 0:
         raise ValueError("placeholder token ids: empty; expected the tokenised placeholder (>= 1 token)")
     if mode == "naive":
-        return infogain_naive(params, batch, ph, config=config, placeholder_mode=placeholder_mode, attn_impl=attn_impl)
+        return infogain_naive(params, batch, ph, config=config, placeholder_mode=placeholder_mode, attn_impl=attn_impl,
+                              temperature=temperature)
     if mode == "vmapped":
         return _vmapped_jit(params, batch, jnp.asarray(ph), config=config, factual_logp_BL=factual_logp_BL,
-                            placeholder_mode=placeholder_mode, attn_impl=attn_impl, row_chunk=row_chunk)
+                            placeholder_mode=placeholder_mode, attn_impl=attn_impl, row_chunk=row_chunk,
+                            temperature=temperature)
     need = packed_length(batch, int(ph.size), placeholder_mode, multiple=1)
     packed_len = packed_len or packed_length(batch, int(ph.size), placeholder_mode)
     if packed_len < need:
         raise ValueError(f"packed_len={packed_len}: expected >= {need}, the trajectories plus all their "
                          "counterfactual suffixes (see packed_length)")
     return _shared_prefix_jit(params, batch, jnp.asarray(ph), config=config, packed_len=packed_len,
-                              placeholder_mode=placeholder_mode, attn_impl=attn_impl, row_chunk=row_chunk)
+                              placeholder_mode=placeholder_mode, attn_impl=attn_impl, row_chunk=row_chunk,
+                              temperature=temperature)

@@ -321,13 +321,20 @@ def logprobs_from_hidden(
     *,
     chunk_size: int = 512,
     return_entropy: bool = False,
+    temperature: float = 1.0,
+    vocab_limit: int | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """log softmax(hidden @ unembed)[target] per position, [B, L] float32, computed over
-    sequence chunks of ``chunk_size`` so that float32 logits exist for at most
+    """log softmax(hidden @ unembed / temperature)[target] per position, [B, L] float32, computed
+    over sequence chunks of ``chunk_size`` so that float32 logits exist for at most
     [B, chunk_size, V] at a time (also under `jax.grad`: each chunk is rematerialised).
 
-    With ``return_entropy`` also returns the entropy of each position's distribution [B, L].
+    ``temperature`` (> 0, static) and ``vocab_limit`` (ids >= it get probability 0) give the
+    distribution a sampler draws from at that temperature with that limit (`generate.sample`
+    without top-k / top-p): the RL trainer scores its samples under the distribution that drew
+    them. With ``return_entropy`` also returns the entropy of each position's distribution [B, L].
     """
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature!r}: expected a number > 0 (a greedy sampler has no log-probs)")
     B, L, D = hidden_BLD.shape
     C = max(1, min(chunk_size, L))
     n = -(-L // C)
@@ -340,13 +347,20 @@ def logprobs_from_hidden(
     def chunk(args):
         h_BCD, t_BC = args
         logits = jnp.einsum("bcd,dv->bcv", h_BCD, w, preferred_element_type=jnp.float32)
+        if temperature != 1.0:
+            logits = logits / temperature
+        allowed = None
+        if vocab_limit is not None and vocab_limit < logits.shape[-1]:
+            allowed = jnp.arange(logits.shape[-1]) < vocab_limit
+            logits = jnp.where(allowed, logits, -jnp.inf)
         lse = jax.nn.logsumexp(logits, axis=-1)
         picked = jnp.take_along_axis(logits, t_BC[..., None], axis=-1)[..., 0]
         logp = picked - lse
         if not return_entropy:
             return logp, jnp.zeros_like(logp)
         probs = jnp.exp(logits - lse[..., None])
-        entropy = lse - jnp.sum(probs * logits, axis=-1)
+        plogits = probs * logits if allowed is None else jnp.where(allowed, probs * logits, 0.0)
+        entropy = lse - jnp.sum(plogits, axis=-1)
         return logp, entropy
 
     logp, ent = jax.lax.map(chunk, (h, t))
@@ -401,8 +415,12 @@ def token_logprobs(
     chunk_size: int = 512,
     return_entropy: bool = False,
     row_chunk: int | None = None,
+    temperature: float = 1.0,
+    vocab_limit: int | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Teacher-forced log-probs [B, L] float32: entry t is log pi(targets[t] | what query t sees).
+    ``temperature`` and ``vocab_limit``: the policy as a sampler at that temperature with that
+    limit draws from it (`logprobs_from_hidden`; defaults: the raw policy).
 
     ``targets_BL`` defaults to the next token (`next_token_targets`), whose last column is a
     dummy 0 that callers mask. Packed layouts pass explicit targets. Float32 logits are only ever
@@ -415,7 +433,8 @@ def token_logprobs(
     """
     if row_chunk is not None and 0 < row_chunk < tokens_BL.shape[0]:
         one = functools.partial(token_logprobs, params, config=config, causal=causal, attn_impl=attn_impl,
-                                rules=rules, chunk_size=chunk_size, return_entropy=return_entropy)
+                                rules=rules, chunk_size=chunk_size, return_entropy=return_entropy,
+                                temperature=temperature, vocab_limit=vocab_limit)
         return map_row_chunks(one, row_chunk, tokens_BL, targets_BL=targets_BL, positions_BL=positions_BL,
                               segment_ids_BL=segment_ids_BL, mask_BLS=mask_BLS)
     h = hidden_states(
@@ -434,5 +453,6 @@ def token_logprobs(
     elif tuple(targets_BL.shape) != tuple(tokens_BL.shape):
         raise ValueError(f"targets: shape {tuple(targets_BL.shape)}, expected {tuple(tokens_BL.shape)}")
     return logprobs_from_hidden(
-        h, unembed_matrix(params, config), targets_BL, chunk_size=chunk_size, return_entropy=return_entropy
+        h, unembed_matrix(params, config), targets_BL, chunk_size=chunk_size, return_entropy=return_entropy,
+        temperature=temperature, vocab_limit=vocab_limit,
     )

@@ -132,6 +132,7 @@ async def _run_episode(engine, env, tokenizer, *, task_id, seed, group_id, sampl
     rewards: list[float] = []
     termination = "max_turns"
     outcome = 0.0
+    final_reaction: str | None = None
     try:
         t = time.perf_counter()
         reset = await _call(lambda: env.reset(task_id, seed), config, counters)
@@ -157,7 +158,9 @@ async def _run_episode(engine, env, tokenizer, *, task_id, seed, group_id, sampl
             res = await engine.generate(session, prompt, sampling, jax.random.fold_in(key, turn))
             timings["generate_s"] += time.perf_counter() - t
             chat.append_generated(res.tokens)
-            gen_lps.append(list(res.logp_policy))
+            # the distribution that drew the tokens (the trainer's old log-probs): temperature and the
+            # vocabulary limit applied; greedy turns (no distribution) keep the raw policy's
+            gen_lps.append(list(res.logp_sample if sampling.temperature > 0 else res.logp_policy))
             stop_free = [x for x in res.tokens if x not in sampling.stop_tokens]
             parsed = parse_assistant(tokenizer.decode(stop_free))
             counters["format_errors"] += len(parsed.errors)
@@ -171,6 +174,8 @@ async def _run_episode(engine, env, tokenizer, *, task_id, seed, group_id, sampl
             rewards.append(float(step.reward))
             counters["tool_errors"] = int(step.info.get("tool_errors", counters["tool_errors"]))
             counters["simulator_retries"] += int(step.info.get("simulator_retries", 0))  # client-side retries
+            if step.done:  # the user's reaction to the last segment: not appended (no action follows it)
+                final_reaction = _last_reaction(step.messages, final_reaction)
             if step.messages and not step.done:
                 clipped = [clip_reply(m, tokenizer, config.max_reply_tokens) for m in step.messages]
                 msgs = [m for m, _ in clipped]
@@ -180,6 +185,7 @@ async def _run_episode(engine, env, tokenizer, *, task_id, seed, group_id, sampl
                 spans = trial.add(*[m.to_chat() for m in msgs])
                 if len(trial.tokens) + _GEN_PROMPT_MARGIN > config.max_tokens:
                     termination = "max_tokens"
+                    final_reaction = _last_reaction(msgs, final_reaction)  # the reaction still credits
                     break
                 chat = trial
                 for span, m in zip(spans, msgs):
@@ -210,7 +216,17 @@ async def _run_episode(engine, env, tokenizer, *, task_id, seed, group_id, sampl
         record, task_id=task_id, group_id=group_id, generated_logprobs=gen_lps, turn_rewards=rewards,
         outcome_reward=outcome if termination != "simulator_failure" else 0.0, reaction_labels=labels,
         termination=termination, timings=timings, info=counters,
+        final_reaction=final_reaction if termination != "simulator_failure" else None,
     )
+
+
+def _last_reaction(messages, default: str | None) -> str | None:
+    """The reaction label of the last user message among ``messages`` that has one (``default``
+    when none has): the label a final step gives the agent's last U2U segment."""
+    for m in reversed(messages):
+        if m.role == "user" and m.reaction is not None:
+            return m.reaction[:_LABEL_CHARS]
+    return default
 
 
 class _Failure(Exception):

@@ -12,10 +12,14 @@ derives:
   template tokens between them included: InfoPO replaces the observation as a unit);
 - **U2U segments**: the actions between one user message and the next user message; segment q
   is followed by the reaction label of the user message that ends it (tool results do not end a
-  segment). Actions before the first user message belong to no segment.
+  segment). Actions before the first user message belong to no segment. The user's reaction to
+  the episode's last segment (e.g. the verdict on the final answer) comes with the step that ends
+  the episode, whose messages are not appended to the tokens (no action follows them): it is kept
+  as ``final_reaction`` and labels that last segment.
 
 Per-token ``logprobs`` are aligned with ``tokens``: entry i is log pi(tokens[i] | tokens[:i])
-under the policy that sampled it (0 where the token was not generated). `collate` pads a list of
+under the distribution that sampled it (the policy at the sampling temperature, with the
+sampler's filters; the raw policy for greedy turns; 0 where the token was not generated). `collate` pads a list of
 records into the `CreditBatch` plus the old log-probs, and `to_jsonl`/`from_jsonl` write and read
 a run's records.
 """
@@ -54,6 +58,8 @@ class Trajectory:
     termination: Termination = "done"
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the label of the user message that ended the episode (not in the tokens): the last segment's
+    final_reaction: str | None = None
 
     def __post_init__(self):
         if len(self.logprobs) != len(self.tokens):
@@ -98,7 +104,8 @@ class Trajectory:
 
     def segments(self) -> list[tuple[list[int], str | None]]:
         """U2U segments: (action turn indices, the reaction label of the user message ending it);
-        a segment that no user message ends gets label None."""
+        the last segment, which no user message in the tokens ends, gets ``final_reaction``
+        (None when the episode ended without a user reaction)."""
         out: list[tuple[list[int], str | None]] = []
         current: list[int] | None = None
         turn = 0
@@ -112,7 +119,7 @@ class Trajectory:
                     out.append((current, self.reaction_labels[i]))
                 current = []
         if current:
-            out.append((current, None))
+            out.append((current, self.final_reaction))
         return out
 
     # ------------------------------------------------------------------ construction
@@ -130,10 +137,12 @@ class Trajectory:
         termination: Termination = "done",
         timings: Mapping[str, float] | None = None,
         info: Mapping[str, Any] | None = None,
+        final_reaction: str | None = None,
     ) -> Trajectory:
         """A record from a finished `RenderedChat`. ``generated_logprobs[k]`` are the policy
         log-probs of the k-th generated message's tokens (as `generate` returned them, stop token
-        included); ``reaction_labels`` maps message index -> the user's private label."""
+        included); ``reaction_labels`` maps message index -> the user's private label;
+        ``final_reaction``: the label of the user message that ended the episode (not rendered)."""
         spans = list(record.spans)
         logprobs = np.zeros(len(record.tokens), np.float64)
         gen = [s for s in spans if s.generated]
@@ -153,7 +162,7 @@ class Trajectory:
         return cls(task_id=task_id, group_id=int(group_id), tokens=list(record.tokens), logprobs=logprobs.tolist(),
                    spans=spans, turn_rewards=[float(r) for r in turn_rewards], outcome_reward=float(outcome_reward),
                    reaction_labels=labels, termination=termination, timings=dict(timings or {}),
-                   info=dict(info or {}))
+                   info=dict(info or {}), final_reaction=final_reaction)
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:

@@ -365,8 +365,19 @@ def run_eval(run: Run, params, label: str, step: int) -> dict[str, Any]:
         write_reports(run.run_dir / f"tasks_{label}_{step}.jsonl", per_task(reports))
         t2 = summarize(reports, scoring_mode=cfg.env.tau2.scoring, k=cfg.eval.k)
         m.update({f"tau2/{k}": v for k, v in t2.items() if k in ("db", "communicate", "pass_at_k", "scoring_mode")})
+    if cfg.eval.sampled_k and cfg.eval.agent == "policy" and cfg.env.kind != "tau2_retail":
+        # the distribution RL trains (rollout.temperature), beside the greedy figure: what RL fixes first
+        ms, strajs = evaluate(params, run.engine, run.make_env, run.tok, tasks, k=cfg.eval.sampled_k,
+                              sampling=sampling_params(cfg, run.tok),
+                              key=jax.random.fold_in(step_key(cfg.seed, "eval", step), 1), episode=episode_config(cfg),
+                              success_threshold=cfg.rl.success_threshold)
+        m.update({f"sampled/{k}": ms[k] for k in ("success", "reward", "turns", "success_at_k_any", "k",
+                                                   "success_by_task", "simulator_failures")})
+        m["sampled/temperature"] = cfg.rollout.temperature
+        trajs = trajs + strajs
     m["wall_s"] = time.perf_counter() - t0
-    run.log.log("eval", step, dict(m, label=label), show=("success", "reward", "turns", "sim/failed_episodes", "label"))
+    run.log.log("eval", step, dict(m, label=label), show=("success", "sampled/success", "reward", "turns",
+                                                          "sim/failed_episodes", "label"))
     try:
         _check_eval_failures(trajs, label, step)
     except SimulatorFailureBudget as e:
@@ -569,9 +580,14 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
     if before is None:
         before = run_eval(run, run.params, "before", 0)
     params, steps = run.params, 0
+    after_sft = None
     if cfg.job in ("sft", "sft+rl"):
         params = run_sft(run, params)
         steps += cfg.sft.steps
+    if cfg.job == "sft+rl":  # the SFT policy alone: the summary attributes gains to SFT and to RL
+        after_sft = _previous_eval(run, "after_sft") if cfg.resume else None
+        if after_sft is None:
+            after_sft = run_eval(run, params, "after_sft", steps)
     if cfg.job in ("rl", "sft+rl"):
         params, rl_steps = run_rl(run, params)
         steps += cfg.steps
@@ -587,6 +603,7 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
         "eval_tasks": before["tasks"], "eval_k": before["k"], "steps": steps,
         "wall_seconds": time.perf_counter() - t0, "devices": [str(d) for d in jax.devices()],
     }
+    summary.update(attribution(before, after_sft, after, cfg))
     run.log.close()
     closer = getattr(run.make_env, "aclose", None)  # tau2 retail: the customer / judge HTTP clients
     if closer is not None:
@@ -604,10 +621,37 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
         summary["failure"] = failure
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     if cfg.progress:
-        print(report.summary_table(before, after), file=sys.stderr, flush=True)
+        print(report.summary_table(before, after, after_sft=after_sft), file=sys.stderr, flush=True)
     if failure is not None:
         raise TrainingFailed(failure)
     return summary
+
+
+def attribution(before: dict[str, Any], after_sft: dict[str, Any] | None, after: dict[str, Any],
+                cfg: RunConfig) -> dict[str, Any]:
+    """The summary's per-stage figures: success (greedy, and ``sampled_*`` at the training
+    temperature when evaluated) after SFT alone, and the gain each stage made: ``gain_sft`` =
+    after SFT - before, ``gain_rl`` = after - after SFT (sft+rl), or after - before for the one
+    stage of an sft or rl job."""
+    out: dict[str, Any] = {}
+    stages = {"sft": "sft", "rl": "rl", "sft+rl": None}.get(cfg.job)
+    for prefix, key in (("", "success"), ("sampled_", "sampled/success")):
+        if key not in after:
+            continue
+        if prefix:
+            out[f"{prefix}success_before"] = before.get(key)
+            out[f"{prefix}success_after"] = after[key]
+        if after_sft is not None:
+            out[f"{prefix}success_after_sft"] = after_sft.get(key)
+            out[f"{prefix}gain_sft"] = _diff(after_sft.get(key), before.get(key))
+            out[f"{prefix}gain_rl"] = _diff(after[key], after_sft.get(key))
+        elif stages is not None:
+            out[f"{prefix}gain_{stages}"] = _diff(after[key], before.get(key))
+    return out
+
+
+def _diff(a, b):
+    return None if a is None or b is None else float(a) - float(b)
 
 
 def _previous_eval(run: Run, label: str) -> dict[str, Any] | None:

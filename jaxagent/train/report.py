@@ -27,6 +27,8 @@ Outputs:
       Figure 6); grey cells are turn indices with no value in that iteration (no episode reached
       that turn), as the note under the plot says;
     * ``sft_loss.png`` (`sft_loss_figure`): SFT loss (and NLL) per SFT step, from 0.
+    * ``rl_diagnostics.png`` (`diagnostics_figure`): the gradient's signal-to-noise, KL to the old
+      and reference policies, clip fraction, entropy and credit coverage per RL iteration.
   Iteration and step axes have integer ticks. A plot whose data is absent is not written; the
   paths written are returned.
 - `infopo_diagnostics(metrics)`: the numbers that tell whether RL training collapsed (see the
@@ -212,6 +214,8 @@ def _eval_x(rec: Mapping[str, Any], rl_steps: np.ndarray, sft: bool = False) -> 
     label = rec.get("label")
     if len(rl_steps) and label == "before":
         return -1.0 if sft else 0.0
+    if label == "after_sft":  # the SFT policy: where RL starts
+        return 0.0
     if len(rl_steps) and label == "after":
         return float(np.nanmax(rl_steps) + 1)
     return float(rec.get("step", 0))
@@ -278,6 +282,11 @@ def reward_figure(metrics: Sequence[Mapping[str, Any]]):
         ax.plot(x, success, color="tab:green", lw=1.5, label="RL success")
     pts = [(_eval_x(r, x, did_sft), _finite(r.get("success")), str(r.get("label", ""))) for r in ev]
     pts = [p for p in pts if p[1] is not None]
+    sampled = [(_eval_x(r, x, did_sft), _finite(r.get("sampled/success"))) for r in ev]
+    sampled = [p for p in sampled if p[1] is not None]
+    if sampled:
+        ax.scatter([p[0] for p in sampled], [p[1] for p in sampled], color="tab:orange", marker="o", zorder=3,
+                   label=f"eval success at the training temperature ({ev[-1].get('sampled/temperature', '')})")
     if pts:
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="tab:red", marker="D", zorder=3,
                    label="eval success")
@@ -288,7 +297,7 @@ def reward_figure(metrics: Sequence[Mapping[str, Any]]):
             ax.annotate(f"{shown} {py:.2f}".strip(), (px, py), textcoords="offset points",
                         xytext=(-4 if last else 4, 6), ha="right" if last else "left", fontsize=8, color="tab:red")
     ax.margins(x=0.08)
-    _rate_limits(ax, reward, success, np.array([p[1] for p in pts], np.float64))
+    _rate_limits(ax, reward, success, np.array([p[1] for p in pts + sampled], np.float64))
     _integer_ticks(ax.xaxis)
     if did_sft:   # -1 is not an iteration: it is the evaluation before SFT
         ax.xaxis.set_major_formatter(FuncFormatter(
@@ -320,6 +329,48 @@ def turns_length_figure(metrics: Sequence[Mapping[str, Any]]):
         a.grid(alpha=0.3)
         _integer_ticks(a.xaxis)
         _from_zero(a, values)
+    return fig
+
+
+#: rl_diagnostics.png's panels: (title, y label, [(metrics key, legend), ...], rate axis)
+DIAGNOSTIC_PANELS = (
+    ("Gradient signal-to-noise", "cosine", [("update/grad_cos_halves", "cos(even, odd microbatch gradients)")],
+     False),
+    ("KL and clipping", "nats / share", [("update/approx_kl_k3", "KL(old || new)"), ("update/kl_ref", "KL to ref"),
+                                         ("update/clip_frac", "clip fraction")], False),
+    ("Entropy", "nats / token", [("update/entropy", "policy entropy")], False),
+    ("Credit coverage", "share", [("credit/zero_adv_group_share", "groups with A_ext = 0"),
+                                  ("credit/cover/ext", "tokens with A_ext != 0"),
+                                  ("credit/cover/info", "tokens with A_info != 0"),
+                                  ("credit/cover/proc", "tokens with A_proc != 0")], True),
+)
+
+
+def diagnostics_figure(metrics: Sequence[Mapping[str, Any]]):
+    """``rl_diagnostics.png``'s figure (None without RL records): per RL iteration the gradient's
+    signal-to-noise (`DIAGNOSTIC_PANELS`), KL to the old and the reference policy with the clip
+    fraction, the entropy, and the credit coverage (shares of non-discriminating groups and of
+    agent tokens each term reaches). Panels without data are left out."""
+    rl = _phase(metrics, "rl")
+    if not rl:
+        return None
+    x = _steps(rl)
+    panels = [(t, y, [(k, lab, _series(rl, k)) for k, lab in keys], rate) for t, y, keys, rate in DIAGNOSTIC_PANELS]
+    panels = [(t, y, [c for c in curves if np.isfinite(c[2]).any()], rate) for t, y, curves, rate in panels]
+    panels = [p for p in panels if p[2]]
+    if not panels:
+        return None
+    fig, axes = _new_figure(len(panels), height=2.6 * len(panels))
+    for ax, (title, ylabel, curves, rate) in zip(axes, panels):
+        for _, label, values in curves:
+            ax.plot(x, values, lw=1.5, marker=".", label=label)
+        (_rate_limits if rate else _from_zero)(ax, *[c[2] for c in curves])
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        _integer_ticks(ax.xaxis)
+        ax.legend(loc="best", fontsize=8)
+    axes[-1].set_xlabel("RL iteration")
     return fig
 
 
@@ -385,7 +436,8 @@ def sft_loss_figure(metrics: Sequence[Mapping[str, Any]]):
 
 
 PLOTS = (("reward.png", reward_figure), ("turns_length.png", turns_length_figure),
-         ("infogain_heatmap.png", infogain_figure), ("sft_loss.png", sft_loss_figure))
+         ("infogain_heatmap.png", infogain_figure), ("sft_loss.png", sft_loss_figure),
+         ("rl_diagnostics.png", diagnostics_figure))
 """The run's plots: file name and the function that builds its figure from the metrics."""
 
 
@@ -469,14 +521,30 @@ def _fmt(v: float | None, sign: bool = False) -> str:
 
 
 def summary_table(before: Mapping[str, Any], after: Mapping[str, Any],
-                  keys: Sequence[str] = ("success", "reward", "turns", "response_tokens")) -> str:
+                  keys: Sequence[str] = ("success", "sampled/success", "reward", "sampled/reward", "turns",
+                                         "response_tokens"),
+                  after_sft: Mapping[str, Any] | None = None) -> str:
     """A fixed-width ``metric | before | after | change`` table (change = after - before; ``-`` where
-    a value is missing or not a finite number). One header, one rule, one row per key."""
-    rows = [("metric", "before", "after", "change")]
-    for k in keys:
-        b, a = _finite(before.get(k)), _finite(after.get(k))
-        rows.append((k, _fmt(b), _fmt(a), _fmt(a - b, sign=True) if a is not None and b is not None else "-"))
-    w = [max(len(r[i]) for r in rows) for i in range(4)]
+    a value is missing or not a finite number). One header, one rule, one row per key present in
+    either evaluation. With ``after_sft`` (an sft+rl run): ``metric | before | after SFT | after |
+    SFT | RL``, the last two the gain of each stage (after SFT - before, after - after SFT)."""
+    keys = [k for k in keys if k in before or k in after]
+
+    def change(a, b):
+        return _fmt(a - b, sign=True) if a is not None and b is not None else "-"
+
+    if after_sft is None:
+        rows = [("metric", "before", "after", "change")]
+        for k in keys:
+            b, a = _finite(before.get(k)), _finite(after.get(k))
+            rows.append((k, _fmt(b), _fmt(a), change(a, b)))
+    else:
+        rows = [("metric", "before", "after SFT", "after", "SFT", "RL")]
+        for k in keys:
+            b, m, a = _finite(before.get(k)), _finite(after_sft.get(k)), _finite(after.get(k))
+            rows.append((k, _fmt(b), _fmt(m), _fmt(a), change(m, b), change(a, m)))
+    n = len(rows[0])
+    w = [max(len(r[i]) for r in rows) for i in range(n)]
 
     def line(r):
         return " | ".join([r[0].ljust(w[0])] + [c.rjust(w[i]) for i, c in enumerate(r) if i]).rstrip()
@@ -499,8 +567,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     evals = _phase(metrics, "eval")
     before = next((r for r in evals if r.get("label") == "before"), None)
     after = next((r for r in reversed(evals) if r.get("label") == "after"), None)
+    after_sft = next((r for r in evals if r.get("label") == "after_sft"), None)
     if before is not None and after is not None:
-        print(summary_table(before, after))
+        print(summary_table(before, after, after_sft=after_sft))
     print(json.dumps(infopo_diagnostics(metrics), indent=2))
     return 0
 

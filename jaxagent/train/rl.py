@@ -6,7 +6,10 @@ method chosen (``grpo``: the group-normalised outcome; ``infopo``: + beta * gate
 teacher-forced information gain of each feedback; ``faca``: + lambda * A_proc from the user's
 reactions; ``infopo+faca``: both), scores the batch under the frozen reference policy for the
 KL term, and runs ``ppo_epochs`` passes of shuffled minibatches through the jitted update. The
-old log-probs are the sampler's (the raw policy at sampling time, equal to teacher forcing).
+distribution trained is the sampler's (`sampler_view`: the policy at ``rollout.temperature``,
+limited to the tokenizer's ids): the old log-probs are the sampler's own, and the update, the
+reference and the info gain teacher-force at the same temperature, so the first minibatch's
+ratio is 1 at any temperature (top-k / top-p sampling is refused for training).
 `RLTrainer.train_on(trajs, key)` is the part after the rollout, on given episodes
 (``scripts/bench_step.py`` times it for GRPO and InfoPO on one batch).
 
@@ -126,8 +129,32 @@ def _check_share(name: str, share: Any, what: str) -> None:
         raise ValueError(f"{name}={share!r}: expected a number in [0, 1] ({what})")
 
 
-def _jit_scores(config: QwenConfig, rows: int | None = None):
-    return jax.jit(lambda p, t: sequence_scores(p, t, config=config, row_chunk=rows))
+def _jit_scores(config: QwenConfig, rows: int | None = None, **view):
+    return jax.jit(lambda p, t: sequence_scores(p, t, config=config, row_chunk=rows, **view))
+
+
+def sampler_view(sampling: SamplingParams, vocab_size: int, model_vocab: int) -> dict[str, Any]:
+    """The distribution RL trains: the policy as ``sampling`` draws from it (``temperature``, and
+    ``vocab_limit`` when the tokenizer has fewer ids than the model's embedding), so that the
+    teacher-forced log-probs of the update, of the reference and of the info gain are those of the
+    sampler, and the first update's ratio is 1. Raises `ValueError` naming the ``rollout.*`` key
+    for settings whose sampling distribution teacher forcing does not reproduce: greedy decoding
+    (no distribution) and the top-k / top-p filters (a truncated distribution: every sampled token
+    would get a biased ratio and gradient)."""
+    if not sampling.temperature > 0:
+        raise ValueError(f"rollout.temperature={sampling.temperature}: RL trains on sampled episodes; greedy "
+                         "decoding (0) has no sampling distribution (every episode of a group would be the same). "
+                         "Expected a temperature > 0 (1: the policy itself)")
+    if sampling.top_k:
+        raise ValueError(f"rollout.top_k={sampling.top_k}: RL's old and new log-probs are those of the tempered "
+                         "policy; a top-k filter samples from a truncated distribution they do not describe. "
+                         "Expected rollout.top_k=0 for RL (evaluation may filter)")
+    if sampling.top_p < 1.0:
+        raise ValueError(f"rollout.top_p={sampling.top_p}: RL's old and new log-probs are those of the tempered "
+                         "policy; a nucleus filter samples from a truncated distribution they do not describe. "
+                         "Expected rollout.top_p=1 for RL (evaluation may filter)")
+    limit = vocab_size if vocab_size < model_vocab else None
+    return {"temperature": float(sampling.temperature), "vocab_limit": limit}
 
 
 class RLTrainer:
@@ -140,6 +167,8 @@ class RLTrainer:
                  grpo: GRPOConfig = GRPOConfig(), ref_params: Any = None,
                  lr_schedule: optax.Schedule | None = None):
         settings.validate()
+        # the sampler's distribution: what the update, the reference and the info gain score
+        self.view = sampler_view(sampling, tokenizer.vocab_size, config.vocab_size)
         self.state, self.config, self.tok = state, config, tokenizer
         self.make_env, self.settings, self.ppo = make_env, settings, ppo
         self.sampling, self.episode, self.engine = sampling, episode, engine
@@ -150,9 +179,9 @@ class RLTrainer:
         self.grpo = grpo
         # The frozen reference policy (KL term): a copy of the initial weights by default.
         self.ref_params = ref_params if ref_params is not None else jax.tree.map(jnp.copy, state.params)
-        self.update = make_update(ppo_loss_fn(config, ppo), tx, microbatches=settings.microbatches, agg=ppo.agg,
-                                  lr_schedule=lr_schedule)
-        self.scores = _jit_scores(config, settings.score_rows or None)
+        self.update = make_update(ppo_loss_fn(config, ppo, **self.view), tx, microbatches=settings.microbatches,
+                                  agg=ppo.agg, lr_schedule=lr_schedule)
+        self.scores = _jit_scores(config, settings.score_rows or None, **self.view)
         self._fuse = jax.jit(lambda b, r, k: fuse(b, r, self.infopo, self.faca, self.grpo, k))
         if self.infopo is not None:
             self.ph_ids = ChatRenderer(tokenizer).encode_content(self.infopo.placeholder)
@@ -212,7 +241,8 @@ class RLTrainer:
                                    multiple=self.settings.length_multiple)
             out = compute_infogain(self.state.params, batch, self.ph_ids, config=self.config, mode=self.infopo.mode,
                                    placeholder_mode=self.infopo.placeholder_mode, packed_len=packed,
-                                   row_chunk=self.settings.score_rows or None)
+                                   row_chunk=self.settings.score_rows or None,
+                                   temperature=self.view["temperature"])
             r_info = out.r_info_BT
         A_BL, diag = self._fuse(batch, r_info, k_credit)
         data = {"tokens": tokens, "loss_mask": batch.loss_mask_BL, "advantages": A_BL,
@@ -253,6 +283,10 @@ class RLTrainer:
             for k, v in diag.items():
                 if k.startswith("faca/") and np.ndim(v) == 0:
                     metrics[k] = float(v)
+        # credit coverage: agent tokens each term reaches; groups the outcome does not discriminate
+        for k, v in diag.items():
+            if k.startswith("cover/") or k == "zero_adv_group_share":
+                metrics[f"credit/{k}"] = float(v)
         # Per iteration (not a mean of the running counter): updates refused in it, and in the run so far.
         metrics["update/skipped"] = float(sum(float(m["skipped"]) for m in upd_host))
         metrics["update/skipped_total"] = int(self.state.skipped)

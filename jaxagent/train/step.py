@@ -131,6 +131,13 @@ def check_skipped_share(applied: int, skipped: int, limit: float, *, phase: str,
             f"(set {key}=1 to never stop)")
 
 
+def _cosine(a, b) -> jax.Array:
+    """Cosine similarity of two pytrees of equal structure (0 when either is all zeros)."""
+    dot = sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    na, nb = optax.tree.norm(a), optax.tree.norm(b)
+    return jnp.where((na > 0) & (nb > 0), dot / jnp.where((na > 0) & (nb > 0), na * nb, 1.0), 0.0)
+
+
 def _all_finite(tree) -> jax.Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
@@ -138,12 +145,14 @@ def _all_finite(tree) -> jax.Array:
 
 # ----------------------------------------------------------------------------- scoring
 def sequence_scores(params, tokens_BL: jax.Array, *, config: QwenConfig, entropy: bool = False,
-                    attn_impl: str = "xla", row_chunk: int | None = None) -> jax.Array | tuple[jax.Array, jax.Array]:
+                    attn_impl: str = "xla", row_chunk: int | None = None, temperature: float = 1.0,
+                    vocab_limit: int | None = None) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Teacher-forced log-probs [B, L] with entry t scoring token t (entry 0 is 0), and with
     ``entropy`` the policy's entropy at the position that predicts token t (entry 0 is 0).
-    ``row_chunk``: rows scored at a time (see `token_logprobs`)."""
+    ``row_chunk``: rows scored at a time (see `token_logprobs`). ``temperature`` / ``vocab_limit``:
+    scored under the distribution a sampler with those settings draws from (the RL trainer's sampler)."""
     out = token_logprobs(params, tokens_BL, config=config, attn_impl=attn_impl, return_entropy=entropy,
-                         row_chunk=row_chunk)
+                         row_chunk=row_chunk, temperature=temperature, vocab_limit=vocab_limit)
     lp, ent = out if entropy else (out, None)
     shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
     return (shift(lp), shift(ent)) if entropy else shift(lp)
@@ -163,15 +172,19 @@ def sft_loss_fn(config: QwenConfig, agg: str = "token_mean") -> LossFn:
     return loss_fn
 
 
-def ppo_loss_fn(config: QwenConfig, ppo: PPOConfig) -> LossFn:
+def ppo_loss_fn(config: QwenConfig, ppo: PPOConfig, *, temperature: float = 1.0,
+                vocab_limit: int | None = None) -> LossFn:
     """The clipped policy loss; the batch holds ``tokens``, ``loss_mask``, ``advantages``,
-    ``old_logp`` and (with a KL term) ``ref_logp``, all [B, L] aligned to the tokens."""
+    ``old_logp`` and (with a KL term) ``ref_logp``, all [B, L] aligned to the tokens. The policy
+    is scored at the sampler's ``temperature`` / ``vocab_limit`` (the distribution that drew the
+    tokens, as ``old_logp`` and ``ref_logp`` must be), and its entropy is that distribution's."""
+    view = {"temperature": temperature, "vocab_limit": vocab_limit}
 
     def loss_fn(params, batch):
         if ppo.entropy_coef > 0:
-            logp, ent = sequence_scores(params, batch["tokens"], config=config, entropy=True)
+            logp, ent = sequence_scores(params, batch["tokens"], config=config, entropy=True, **view)
         else:
-            logp, ent = sequence_scores(params, batch["tokens"], config=config), None
+            logp, ent = sequence_scores(params, batch["tokens"], config=config, **view), None
         return policy_loss(logp, batch["old_logp"], batch["advantages"], batch["loss_mask"], config=ppo,
                            ref_logp_BL=batch.get("ref_logp"), entropy_BL=ent)
 
@@ -196,7 +209,10 @@ def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatch
     """One jitted update: ``update(state, batch) -> (state, metrics)`` (state donated).
 
     Metrics: the loss's metrics (weighted means over microbatches; counts summed; ``ratio_min``
-    / ``ratio_max`` the extremes), plus ``grad_norm`` (of the accumulated gradient), ``lr`` (with
+    / ``ratio_max`` the extremes), plus ``grad_norm`` (of the accumulated gradient), with M >= 2
+    ``grad_cos_halves`` (the cosine between the summed gradients of the even and of the odd
+    microbatches: two independent estimates of the same gradient, so about 0 when the update is
+    noise and near 1 when it is signal; the gradient's signal-to-noise), ``lr`` (with
     ``lr_schedule``: the rate this update used), ``finite`` (1 when the update was applied), ``skipped``
     (1 when it was refused: ``1 - finite``) and ``skipped_total`` (updates refused so far, ``state.skipped``).
     """
@@ -210,15 +226,20 @@ def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatch
             raise ValueError(f"batch size {B} is not divisible by microbatches={microbatches}")
         split = jax.tree.map(lambda x: x.reshape(microbatches, B // microbatches, *x.shape[1:]), batch)
 
-        def one(carry, mb):
-            grads_acc, wsum = carry
+        def one(carry, xs):
+            grads_acc, wsum, odd_acc = carry
+            i, mb = xs
             (loss, metrics), grads = grad_fn(state.params, mb)
             w = microbatch_weight(metrics, agg).astype(jnp.float32)
             grads_acc = jax.tree.map(lambda a, g: a + w * g.astype(jnp.float32), grads_acc, grads)
-            return (grads_acc, wsum + w), (metrics, w, loss)
+            if odd_acc is not None:  # the odd microbatches' share, for the halves' cosine
+                odd_acc = jax.tree.map(lambda a, g: a + (i % 2) * w * g.astype(jnp.float32), odd_acc, grads)
+            return (grads_acc, wsum + w, odd_acc), (metrics, w, loss)
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-        (gsum, wsum), (ms, ws, losses) = jax.lax.scan(one, (zeros, jnp.float32(0.0)), split)
+        halves = microbatches >= 2
+        carry0 = (zeros, jnp.float32(0.0), zeros if halves else None)
+        (gsum, wsum, godd), (ms, ws, losses) = jax.lax.scan(one, carry0, (jnp.arange(microbatches), split))
         denom = jnp.where(wsum > 0, wsum, 1.0)
         grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), gsum, state.params)
         wn = ws / denom
@@ -242,6 +263,9 @@ def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatch
             step=state.step + finite.astype(jnp.int32),
             skipped=state.skipped + (~finite).astype(jnp.int32),
         )
+        if halves:  # gradient signal-to-noise: cosine of the even and the odd microbatches' gradients
+            geven = jax.tree.map(lambda a, b: a - b, gsum, godd)
+            metrics["grad_cos_halves"] = _cosine(geven, godd)
         metrics.update(grad_norm=optax.tree.norm(grads), finite=finite.astype(jnp.float32),
                        skipped=(~finite).astype(jnp.float32), skipped_total=new_state.skipped.astype(jnp.float32))
         if lr_schedule is not None:
