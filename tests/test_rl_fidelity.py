@@ -137,7 +137,7 @@ def _trainer(temperature: float, **settings):
     return RLTrainer(TrainState.create(params, tx), tx, config=BIG, tokenizer=QTOK,
                      make_env=lambda: GYMS["telepathy"].env(max_steps=3),
                      settings=RLSettings(credit="grpo", group_size=2, tasks_per_step=2, **settings),
-                     ppo=PPOConfig(kl_coef=0.01), sampling=sampling,
+                     ppo=PPOConfig(kl_coef=0.01, entropy_coef=0.01), sampling=sampling,
                      episode=EpisodeConfig(max_turns=3, max_tokens=1024), engine=engine)
 
 
@@ -159,6 +159,8 @@ def test_tempered_sampling_gives_ratio_one_under_the_tempered_log_probs(temperat
     m = trainer.train_on(trajs, jax.random.key(1))
     assert abs(m["update/ratio_min"] - 1) < 1e-3 and abs(m["update/ratio_max"] - 1) < 1e-3
     assert m["update/approx_kl_k3"] < 1e-7
+    # the excluded ids' -inf logits leave the loss and its gradient (entropy term included) finite
+    assert m["update/finite"] == 1.0 and np.isfinite(m["update/grad_norm"]) and m["update/skipped"] == 0
 
 
 def test_sampler_view_of_a_smaller_tokenizer_limits_the_vocabulary():
@@ -193,6 +195,9 @@ def test_teacher_forced_temperature_and_limit_match_a_numpy_reference():
     p = np.exp(ref)
     ent = -(p * np.where(p > 0, ref, 0.0)).sum(-1)
     lp, e = sequence_scores(params, tokens, config=cfg, entropy=True, temperature=0.7, vocab_limit=80)
+    grads = jax.grad(lambda p: jnp.sum(sum(sequence_scores(p, tokens, config=cfg, entropy=True, temperature=0.7,
+                                                           vocab_limit=80))))(params)
+    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
     np.testing.assert_allclose(np.asarray(lp)[:, 1:], picked, atol=1e-4)
     np.testing.assert_allclose(np.asarray(e)[:, 1:], ent, atol=1e-4)
     assert np.isfinite(np.asarray(e)).all()

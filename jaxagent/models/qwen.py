@@ -359,8 +359,10 @@ def logprobs_from_hidden(
         if not return_entropy:
             return logp, jnp.zeros_like(logp)
         probs = jnp.exp(logits - lse[..., None])
-        plogits = probs * logits if allowed is None else jnp.where(allowed, probs * logits, 0.0)
-        entropy = lse - jnp.sum(plogits, axis=-1)
+        # excluded ids: probability 0, and a finite logit here (0 * -inf would be nan, in the
+        # gradient too, which a where() around the product does not stop)
+        finite_logits = logits if allowed is None else jnp.where(allowed, logits, 0.0)
+        entropy = lse - jnp.sum(probs * finite_logits, axis=-1)
         return logp, entropy
 
     logp, ent = jax.lax.map(chunk, (h, t))

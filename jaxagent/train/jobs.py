@@ -203,7 +203,7 @@ class RunLog:
         self._tb.scalars(step, metrics, phase)
         if not self.progress:
             return
-        figures = {k.rsplit("/", 1)[-1]: _fmt(metrics[k]) for k in show if k in metrics}
+        figures = {_short(k): _fmt(metrics[k]) for k in show if k in metrics}
         bar = self._bars.get(phase)
         if bar is not None:
             bar.set_postfix(figures, refresh=False)
@@ -251,6 +251,13 @@ def _json_default(x):
     if isinstance(x, (np.generic, jax.Array)):
         return np.asarray(x).tolist()
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def _short(key: str) -> str:
+    """A metric's name on the progress line: its last part (``update/kl_ref`` -> ``kl_ref``), but
+    ``sampled/success`` -> ``sampled_success`` (beside the greedy ``success``)."""
+    head, _, last = key.rpartition("/")
+    return f"sampled_{last}" if head == "sampled" else last
 
 
 def _fmt(v) -> str:
