@@ -116,6 +116,9 @@ class EnvSection:
         "gym", "scripted gym, an LLM user over HTTP, or tau2-bench retail (env=tau2_retail)")
     gym: Literal["intention", "telepathy", "function", "preference"] = "intention"
     max_steps: int | None = _help(None, "gym steps before the user gives up (null: the gym's default)")
+    outcome: Literal["graded", "binary"] = _help(
+        "graded", "gym outcome: graded (partial credit) or binary (1 for a full answer, else 0: more groups "
+                  "whose outcomes are all equal, where only turn-level credit discriminates)")
     train_tasks: int = 512
     test_tasks: int = 64
     task_seed: int = 0

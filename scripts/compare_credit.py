@@ -8,14 +8,15 @@ tasks per iteration, the same sampling keys and the same held-out tasks. Differe
 conditions are therefore paired: per (seed, held-out task) for the final success, per seed for the
 steps to reach a success threshold.
 
-    python3 scripts/compare_credit.py                                   # the grid: 10 x 2 gyms x 3 seeds
+    python3 scripts/compare_credit.py                                   # the grid: 11 x 2 gyms x 3 seeds
     python3 scripts/compare_credit.py --quick --gyms intention          # a smoke run (minutes)
     python3 scripts/compare_credit.py --conditions grpo,infopo steps=16 rl.tasks_per_step=4
 
-Conditions (``--conditions``, comma-separated; default all ten): ``grpo``, ``infopo``, ``faca``,
+Conditions (``--conditions``, comma-separated; default all eleven): ``grpo``, ``infopo``, ``faca``,
 ``infopo+faca``; InfoPO ablations ``infopo/no-std`` (``infopo.normalize_std=false``),
 ``infopo/no-gate`` (``infopo.use_gate=false``), ``infopo/no-ext`` (``infopo.use_ext=false``); Faca
-controls ``faca/shifted``, ``faca/random``, ``faca/reversed`` (``faca.ablation=shift|random|reverse``).
+controls ``faca/shifted``, ``faca/random``, ``faca/reversed`` (``faca.ablation=shift|random|reverse``);
+``control``: GRPO at ``optim.lr=0`` (the warm start itself, through identical rollouts: what RL adds).
 
 Every ``key=value`` argument is passed to every job (``python -m jaxagent.launch`` overrides); the
 script sets ``job``, ``name``, ``runs_dir``, ``seed``, ``env.gym``, ``progress`` and the condition's
@@ -82,6 +83,8 @@ CONDITIONS: dict[str, tuple[str, ...]] = {
     "faca/shifted": ("rl.credit=faca", "faca.ablation=shift"),
     "faca/random": ("rl.credit=faca", "faca.ablation=random"),
     "faca/reversed": ("rl.credit=faca", "faca.ablation=reverse"),
+    # no learning at all: the same rollouts, credit and updates of size 0 (what RL adds over the warm start)
+    "control": ("rl.credit=grpo", "optim.lr=0"),
 }
 BASELINE = "grpo"
 QUICK_CONDITIONS = ("grpo", "infopo")
@@ -252,10 +255,12 @@ def sft_overrides(user: Sequence[str], *, runs_dir: str, prefix: str, gym: str, 
             f"env.gym={gym}", "eval.tasks=1", "checkpoint.export_hf=true", "progress=false"]
 
 
-def rl_overrides(user: Sequence[str], *, runs_dir: str, prefix: str, gym: str, seed: int, condition: str
-                 ) -> list[str]:
+def rl_overrides(user: Sequence[str], *, runs_dir: str, prefix: str, gym: str, seed: int, condition: str,
+                 rl_only: Sequence[str] = ()) -> list[str]:
+    """The RL job's overrides: ``user`` (less preset-only model keys), then ``rl_only`` (settings
+    that are the RL runs' alone, so the SFT warm starts do not depend on them), then the script's."""
     hf = Path(runs_dir) / sft_name(prefix, gym, seed) / "hf"
-    kept = [o for o in user if _key(o) not in PRESET_ONLY]
+    kept = [o for o in [*user, *rl_only] if _key(o) not in PRESET_ONLY]
     # A collapse is a finding of the grid (its summary says so), not a reason to stop it.
     return ["rl.fail_on_collapse=false", *kept, "job=rl", f"name={rl_name(prefix, gym, seed, condition)}", f"runs_dir={runs_dir}", f"seed={seed}",
             f"env.gym={gym}", f"model.path={hf}", *CONDITIONS[condition], "progress=false"]
@@ -365,9 +370,11 @@ def _tail(path: Path, n: int = 15) -> str:
 
 def run_grid(*, gyms: Sequence[str], seeds: Sequence[int], conditions: Sequence[str], user: Sequence[str],
              config_file: str | None, runs_dir: str, prefix: str, parallel: int = 1,
-             launcher: Callable[[Sequence[str], str | None, Path], dict[str, Any]] = launch) -> dict[str, Any]:
-    """Runs (or skips, when done) the SFT warm starts, then every RL run. Returns
-    {(kind, gym, seed, condition): {name, rc, process_s, skipped}}; failures are kept, not raised."""
+             launcher: Callable[[Sequence[str], str | None, Path], dict[str, Any]] = launch,
+             rl_only: Sequence[str] = ()) -> dict[str, Any]:
+    """Runs (or skips, when done) the SFT warm starts, then every RL run (``rl_only``: overrides of
+    the RL jobs alone). Returns {(kind, gym, seed, condition): {name, rc, process_s, skipped}};
+    failures are kept, not raised."""
     root = Path(runs_dir)
     jobs: dict[str, Any] = {}
 
@@ -394,7 +401,8 @@ def run_grid(*, gyms: Sequence[str], seeds: Sequence[int], conditions: Sequence[
     # Every config is checked before anything runs (a config error costs nothing).
     sfts = [(("sft", g, s, None), sft_overrides(user, runs_dir=runs_dir, prefix=prefix, gym=g, seed=s))
             for g in gyms for s in seeds]
-    rls = [(("rl", g, s, c), rl_overrides(user, runs_dir=runs_dir, prefix=prefix, gym=g, seed=s, condition=c))
+    rls = [(("rl", g, s, c), rl_overrides(user, runs_dir=runs_dir, prefix=prefix, gym=g, seed=s, condition=c,
+                                          rl_only=rl_only))
            for g in gyms for s in seeds for c in conditions]
     for _, o in sfts + rls:
         check_existing(root / _name(o), _plain_config(config_file, o))

@@ -135,7 +135,8 @@ def test_overrides_pass_through_and_condition_keys_win():
         cfg = load_config(None, cc.rl_overrides(user[:1], runs_dir="R", prefix="p", gym="intention", seed=0,
                                                 condition=cond))
         assert cfg.job == "rl" and cfg.model.path is not None and cfg.steps == 16
-        assert cfg.rl.credit == cond.split("/")[0]
+        assert cfg.rl.credit == ("grpo" if cond == "control" else cond.split("/")[0])
+        assert (cfg.optim.lr == 0) == (cond == "control")  # the control learns nothing, the rest do
     cfg = load_config(None, cc.rl_overrides([], runs_dir="R", prefix="p", gym="intention", seed=0,
                                             condition="faca/reversed"))
     assert cfg.faca.ablation == "reverse" and cfg.infopo.use_ext

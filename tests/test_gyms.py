@@ -267,3 +267,25 @@ def test_intention_imitable_policy_uses_only_what_the_agent_sees():
     # Each note after the first value is the previous note (the induction copy the model learns).
     for prev, cur in zip(notes, notes[1:]):
         assert cur.endswith(prev[len("the plan :"):])
+
+
+def test_binary_outcome_keeps_only_full_answers():
+    """outcome='binary': a partly right answer scores 0 (graded: its share of the importance); a full
+    answer scores MAX_REWARD either way; an unknown mode is refused naming it."""
+    from jaxagent.envs.gyms.common import run_episode
+
+    task_id = GYMS["intention"].make_tasks("train", 1, seed=0)[0]
+    task = GYMS["intention"].env_cls.task_for(task_id)
+    imp, values = task["importance"], task["values"]
+    first = sorted(imp)[0]
+    partial = lambda env: answer(f"{first} {values[first]} .")  # noqa: E731
+    full = lambda env: answer(" , ".join(f"{s} {values[s]}" for s in imp) + " .")  # noqa: E731
+    graded_r, _ = asyncio.run(run_episode(GYMS["intention"].env(), partial, task_id))
+    binary_r, _ = asyncio.run(run_episode(GYMS["intention"].env(outcome="binary"), partial, task_id))
+    assert graded_r == pytest.approx(imp[first] / sum(imp.values())) and 0 < graded_r < 1
+    assert binary_r == 0.0
+    for outcome in ("graded", "binary"):
+        env = GYMS["intention"].env(outcome=outcome)
+        assert asyncio.run(run_episode(env, full, task_id))[0] == MAX_REWARD == env.outcome_reward()
+    with pytest.raises(ValueError, match="outcome='partial'"):
+        GYMS["intention"].env(outcome="partial")

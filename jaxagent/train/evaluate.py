@@ -3,7 +3,8 @@
 `evaluate` plays ``k`` episodes of every task with the given policy weights through the engine
 (sampled with ``sampling``; temperature 0 makes the k runs identical) and returns
 `episode_metrics` over all of them plus ``success_at_k_any`` (the share of tasks solved by at
-least one of the k runs, pass@k) and the per-task success rates.
+least one of the k runs, pass@k) and the per-task success rates and mean rewards
+(``success_by_task``, ``reward_by_task``: the units paired comparisons resample).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def evaluate(params: Any, engine: GenerationEngine, make_env: Callable[[], Envir
     metrics["tasks"] = len(tasks)
     metrics["success_at_k_any"] = float(ok.any(axis=1).mean())
     metrics["success_by_task"] = {task: float(row.mean()) for task, row in zip(tasks, ok)}
+    rewards = np.asarray([t.outcome_reward for t in trajs], np.float64).reshape(len(tasks), k)
+    metrics["reward_by_task"] = {task: float(row.mean()) for task, row in zip(tasks, rewards)}
     return metrics, trajs
 
 

@@ -118,7 +118,8 @@ def build_env(cfg: RunConfig) -> tuple[Callable[[], Environment], list[str], lis
         from jaxagent.envs.gyms import GYMS
 
         spec = GYMS[e.gym]
-        return (lambda: spec.env(max_steps=e.max_steps), spec.make_tasks("train", e.train_tasks, e.task_seed),
+        return (lambda: spec.env(max_steps=e.max_steps, outcome=e.outcome),
+                spec.make_tasks("train", e.train_tasks, e.task_seed),
                 spec.make_tasks("test", e.test_tasks, e.task_seed))
     from jaxagent.envs.llm_user import LLMUserClient
     from jaxagent.envs.user_env import LLMUserEnv
@@ -379,7 +380,7 @@ def run_eval(run: Run, params, label: str, step: int) -> dict[str, Any]:
                               key=jax.random.fold_in(step_key(cfg.seed, "eval", step), 1), episode=episode_config(cfg),
                               success_threshold=cfg.rl.success_threshold)
         m.update({f"sampled/{k}": ms[k] for k in ("success", "reward", "turns", "success_at_k_any", "k",
-                                                   "success_by_task", "simulator_failures")})
+                                                   "success_by_task", "reward_by_task", "simulator_failures")})
         m["sampled/temperature"] = cfg.rollout.temperature
         trajs = trajs + strajs
     m["wall_s"] = time.perf_counter() - t0

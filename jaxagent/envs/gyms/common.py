@@ -13,7 +13,7 @@ generator redraws until the content falls in the requested split, so train and t
 share content. ``reset``'s ``seed`` only picks among the user's paraphrases.
 
 Rewards: 0 on every step but the last; the last step's reward is the episode's outcome (the
-maximum is ``MAX_REWARD`` = 1.0 in every gym). Malformed, unknown or ill-typed tool calls never
+maximum is ``MAX_REWARD`` = 1.0 in every gym; ``outcome="binary"`` keeps only full answers' reward). Malformed, unknown or ill-typed tool calls never
 raise: each one is answered by a tool message that says what was wrong (in the gym's closed
 vocabulary) and counted in ``info["tool_errors"]`` (cumulative over the episode).
 """
@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 from jaxagent.envs.base import AgentMessage, EnvMessage, Environment, Reset, Step
 from jaxagent.text.toolcalls import ToolCall
 
-__all__ = ["CHOICES", "COMMON_WORDS", "LABELS", "MAX_REWARD", "SPLITS", "TOOL_NAME", "TOOL_SCHEMA",
+__all__ = ["CHOICES", "COMMON_WORDS", "LABELS", "MAX_REWARD", "OUTCOMES", "SPLITS", "TOOL_NAME", "TOOL_SCHEMA",
            "Policy", "ScriptedGym", "act", "answer", "make_task_ids", "parse_task_id", "run_episode",
            "search", "split_of", "tokenize"]
 
@@ -39,6 +39,9 @@ LABELS = ("provide_info", "confirm", "approve", "accept",
 """The reaction labels a scripted user may emit (the keys of Faca's default polarity map)."""
 
 MAX_REWARD = 1.0
+OUTCOMES = ("graded", "binary")
+"""Outcome modes: ``graded`` (the gym's partial credit), ``binary`` (MAX_REWARD for a full answer, else
+0: partly right episodes score like wrong ones, so more groups have equal outcomes)."""
 SPLITS = ("train", "test")
 TOOL_NAME = "interact_with_env"
 CHOICES = ("action", "search", "answer")
@@ -139,8 +142,11 @@ class ScriptedGym(Environment):
     default_max_steps: ClassVar[int] = 16
     extra_words: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, max_steps: int | None = None):
+    def __init__(self, max_steps: int | None = None, outcome: str = "graded"):
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome={outcome!r}: expected one of {', '.join(OUTCOMES)}")
         self.max_steps = int(max_steps or self.default_max_steps)
+        self.outcome_mode = outcome
         self.task: Any = None
         self.state: dict[str, Any] = {}
         self.done = False
@@ -261,6 +267,8 @@ class ScriptedGym(Environment):
             else:
                 out.append(EnvMessage("tool", ACK_ANSWER, name=TOOL_NAME))
                 reward, verdict = self.on_answer(content)
+                if self.outcome_mode == "binary":  # all or nothing: a partly right answer scores 0
+                    reward = MAX_REWARD if reward >= MAX_REWARD - 1e-9 else 0.0
                 out.append(verdict)
                 self.done, self.outcome = True, float(reward)
         if not self.done and self.steps >= self.max_steps:
