@@ -602,3 +602,20 @@ def test_configs_are_hashable_and_forced_lambda_is_allowed():
     cfg = InfoPOConfig()
     assert (cfg.beta, cfg.gate_temperature, cfg.placeholder, cfg.placeholder_mode, cfg.mode) == (
         0.5, 0.5, "No information found.", "replace", "shared_prefix")  # fmt: skip
+
+
+def test_grpo_negative_weight_by_hand():
+    """rewards [1, 0, 0, 0]: mean 1/4, population std sqrt(3)/4, so A = [sqrt(3), -1/sqrt(3) x 3];
+    negative_weight scales the negative entries only (0: the positive part alone)."""
+    from jaxagent.credit.grpo import GRPOConfig, grpo_advantage
+
+    r = jnp.asarray([1.0, 0.0, 0.0, 0.0])
+    g = jnp.zeros(4, jnp.int32)
+    s3 = np.sqrt(3.0)
+    np.testing.assert_allclose(grpo_advantage(r, g), [s3, -1 / s3, -1 / s3, -1 / s3], rtol=1e-5)
+    np.testing.assert_allclose(grpo_advantage(r, g, GRPOConfig(negative_weight=0.25)),
+                               [s3, -0.25 / s3, -0.25 / s3, -0.25 / s3], rtol=1e-5)
+    np.testing.assert_allclose(grpo_advantage(r, g, GRPOConfig(negative_weight=0.0)), [s3, 0, 0, 0], rtol=1e-5)
+    for bad in (1.5, -0.1, float("nan"), True):
+        with pytest.raises(ValueError, match="negative_weight"):
+            GRPOConfig(negative_weight=bad)

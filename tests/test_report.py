@@ -147,7 +147,7 @@ def _full_run():
 def test_plot_run_writes_valid_pngs(tmp_path):
     out = tmp_path / "plots"
     paths = plot_run(_full_run(), out)
-    names = ["reward.png", "turns_length.png", "infogain_heatmap.png", "sft_loss.png"]
+    names = ["reward.png", "turns_length.png", "infogain_heatmap.png", "sft_loss.png", "rl_diagnostics.png"]
     assert [p.name for p in paths] == names
     assert sorted(p.name for p in out.iterdir()) == sorted(names)
     for p in paths:
@@ -158,7 +158,7 @@ def test_plot_run_writes_valid_pngs(tmp_path):
 def test_plot_run_skips_absent_data(tmp_path):
     assert plot_run([_sft(0, 1.0), _sft(10, 0.5)], tmp_path / "a") == [tmp_path / "a" / "sft_loss.png"]
     assert [p.name for p in plot_run([_rl(0), _rl(1), _eval(2, "after", 0.5)], tmp_path / "b")] == [
-        "reward.png", "turns_length.png"]  # no info/gain_by_turn, no SFT
+        "reward.png", "turns_length.png", "rl_diagnostics.png"]  # no info/gain_by_turn, no SFT
     assert not (tmp_path / "b" / "infogain_heatmap.png").exists()
     assert plot_run([_eval(0, "before", 0.5)], tmp_path / "c") == []
     assert not (tmp_path / "c").exists()

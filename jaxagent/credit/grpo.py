@@ -47,14 +47,22 @@ class GRPOConfig:
 
     normalize_std: divide by the group's population std (+ eps); False = mean-centering only.
     eps: added to the std in the denominator; must be > 0.
+    negative_weight: in [0, 1], the weight of negative advantages (1: GRPO). Below 1 the update
+    pushes an episode below its group's mean down less than it pulls one above the mean up
+    (asymmetric REINFORCE: 0 keeps the positive part alone, a reward-weighted imitation of the
+    group's better episodes); docs/RESULTS.md, "RL that learns", says why and when it helps.
     """
 
     normalize_std: bool = True
     eps: float = 1e-6
+    negative_weight: float = 1.0
 
     def __post_init__(self):
         check_bool("GRPOConfig", "normalize_std", self.normalize_std)
         check_eps("GRPOConfig", "eps", self.eps)
+        w = self.negative_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and 0 <= w <= 1):
+            raise ValueError(f"GRPOConfig.negative_weight={w!r}: expected a number in [0, 1] (1: GRPO)")
 
 
 def check_bool(cls: str, field: str, value) -> None:
@@ -160,10 +168,13 @@ def grpo_advantage(
     reward_B: ``[B]`` float outcome rewards; group_id_B: ``[B]`` int32 in ``[0, num_groups)``
     (default num_groups = B); valid_B: optional ``[B]`` bool (padding rows: excluded, A = 0).
     Returns ``A_B`` float32; exactly 0 for degenerate groups (single member or all equal).
+    Negative entries are scaled by ``config.negative_weight`` (1: unchanged).
     """
     A_B, _ = group_normalize(
         reward_B, group_id_B, valid_B, num_groups=num_groups, normalize_std=config.normalize_std, eps=config.eps
     )
+    if config.negative_weight != 1.0:
+        A_B = jnp.where(A_B < 0, config.negative_weight * A_B, A_B)
     return A_B
 
 

@@ -360,7 +360,7 @@ def diagnostics_figure(metrics: Sequence[Mapping[str, Any]]):
     panels = [p for p in panels if p[2]]
     if not panels:
         return None
-    fig, axes = _new_figure(len(panels), height=2.6 * len(panels))
+    fig, axes = _new_figure(len(panels), height=max(3.5, 2.6 * len(panels)))
     for ax, (title, ylabel, curves, rate) in zip(axes, panels):
         for _, label, values in curves:
             ax.plot(x, values, lw=1.5, marker=".", label=label)
