@@ -207,7 +207,7 @@ class EvalSection:
     temperature: float = _help(0.0, "0: greedy")
     sampled_k: int = _help(
         4, "policy evaluations also sample sampled_k runs per task at rollout.temperature (the distribution RL "
-           "trains), logged as sampled/*; 0: off")
+           "trains), logged as sampled/*; not the first evaluation of a random initialisation; 0: off")
     every: int = _help(4, "RL iterations between evaluations (0: only before and after)")
     agent: Literal["policy", "oracle", "endpoint"] = _help(
         "policy", "job=eval: the model (policy), the gold-action oracle (tau2_retail), or an OpenAI-compatible "

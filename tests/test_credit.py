@@ -513,7 +513,14 @@ class TestFuse(chex.TestCase):
         np.testing.assert_allclose(A, expected_tokens(A_EXT, GATE[:, None] * centred, 0 * A_PROC), rtol=1e-5, atol=1e-6)
         A, d = fn(BATCH, None, None, None, GRPOConfig(normalize_std=False))  # outcome only, Dr. GRPO
         np.testing.assert_allclose(A, expected_tokens([0.5, -0.5, 0, 0], 0 * A_INFO, 0 * A_PROC), rtol=1e-6)
-        assert set(d) == {"A_ext_B"}
+        # no info or reaction term: their diagnostics are absent; the coverage ones are by hand
+        assert set(d) == {"A_ext_B", "cover/ext", "cover/total", "zero_adv_group_share"}
+        agent = np.asarray(BATCH.loss_mask_BL) != 0
+        moved = agent & (np.asarray([0.5, -0.5, 0, 0])[:, None] != 0)
+        assert float(d["cover/ext"]) == float(d["cover/total"]) == pytest.approx(moved.sum() / agent.sum())
+        gid = np.asarray(BATCH.group_id_B)
+        zero = [g for g in set(gid.tolist()) if np.all(np.asarray([0.5, -0.5, 0, 0])[gid == g] == 0)]
+        assert float(d["zero_adv_group_share"]) == pytest.approx(len(zero) / len(set(gid.tolist())))
 
     def test_lambda_zero_leaves_the_outcome_advantage(self):
         fn = fuse  # eager: the ops are compiled already, a jit per config would not be

@@ -345,7 +345,9 @@ def prepare(cfg: RunConfig) -> Run:
     return Run(cfg, run_dir, tok, qcfg, params, rules, make_env, train_tasks, test_tasks, engine, log)
 
 
-def run_eval(run: Run, params, label: str, step: int) -> dict[str, Any]:
+def run_eval(run: Run, params, label: str, step: int, *, sampled: bool = True) -> dict[str, Any]:
+    """Evaluates ``params`` on the held-out tasks (greedy, and with ``sampled`` also
+    ``eval.sampled_k`` runs per task at the training temperature) and logs the record."""
     from jaxagent.train.evaluate import evaluate
 
     cfg = run.cfg
@@ -373,7 +375,7 @@ def run_eval(run: Run, params, label: str, step: int) -> dict[str, Any]:
         write_reports(run.run_dir / f"tasks_{label}_{step}.jsonl", per_task(reports))
         t2 = summarize(reports, scoring_mode=cfg.env.tau2.scoring, k=cfg.eval.k)
         m.update({f"tau2/{k}": v for k, v in t2.items() if k in ("db", "communicate", "pass_at_k", "scoring_mode")})
-    if cfg.eval.sampled_k and cfg.eval.agent == "policy" and cfg.env.kind != "tau2_retail":
+    if sampled and cfg.eval.sampled_k and cfg.eval.agent == "policy" and cfg.env.kind != "tau2_retail":
         # the distribution RL trains (rollout.temperature), beside the greedy figure: what RL fixes first
         ms, strajs = evaluate(params, run.engine, run.make_env, run.tok, tasks, k=cfg.eval.sampled_k,
                               sampling=sampling_params(cfg, run.tok),
@@ -585,8 +587,8 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     run = prepare(cfg)
     before = _previous_eval(run, "before") if cfg.resume else None
-    if before is None:
-        before = run_eval(run, run.params, "before", 0)
+    if before is None:  # a random initialisation is not worth sampling (its episodes run to the limits)
+        before = run_eval(run, run.params, "before", 0, sampled=cfg.model.path is not None)
     params, steps = run.params, 0
     after_sft = None
     if cfg.job in ("sft", "sft+rl"):
