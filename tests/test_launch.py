@@ -61,7 +61,16 @@ def test_small_job_writes_the_run_and_resumes(tmp_path, capsys):
     assert any(p.name.startswith("events.out.tfevents") for p in (run / "tb").iterdir())
     assert "best_to_final_drop" in summary["diagnostics"]
     phases = [m["phase"] for m in _metrics(run)]
-    assert phases.count("rl") == 2 and phases.count("eval") == 3  # before, during (after iteration 1), after
+    # before, after SFT, during (after iteration 1), after
+    assert phases.count("rl") == 2
+    assert [m["label"] for m in _metrics(run) if m["phase"] == "eval"] == ["before", "after_sft", "during", "after"]
+    evals = {m["label"]: m for m in _metrics(run) if m["phase"] == "eval"}
+    assert "sampled/success" not in evals["before"]  # a random initialisation is not sampled
+    assert all(len(evals[k]["sampled/success_by_task"]) == 2 for k in ("after_sft", "during", "after"))
+    assert summary["success_after_sft"] == evals["after_sft"]["success"]
+    assert summary["gain_rl"] == pytest.approx(summary["success_after"] - summary["success_after_sft"])
+    assert summary["sampled_gain_rl"] == pytest.approx(evals["after"]["sampled/success"]
+                                                       - evals["after_sft"]["sampled/success"])
     # A second launch of the same name without resume refuses to overwrite it...
     with pytest.raises(FileExistsError, match="resume=true"):
         main(argv)
@@ -69,6 +78,7 @@ def test_small_job_writes_the_run_and_resumes(tmp_path, capsys):
     assert main(argv + ["resume=true"]) == 0
     again = _metrics(run)
     assert [m["phase"] for m in again].count("rl") == 2
+    assert [m.get("label") for m in again if m["phase"] == "eval"].count("after_sft") == 1  # found, not re-run
     assert json.loads((run / "summary.json").read_text())["success_after"] == summary["success_after"]
 
 

@@ -231,3 +231,10 @@ def test_skip_share_rule():
         load_config(None, ["rl.max_skipped_share=1.5"])
     with pytest.raises(configlib.ConfigError, match="max_skipped_share"):
         load_config(None, ["sft.max_skipped_share=-0.1"])
+
+
+def test_the_evaluation_after_sft_is_dropped_only_when_sft_resumes_before_its_end():
+    rec = {"phase": "eval", "step": 600, "label": "after_sft"}
+    assert after_checkpoint("sft", 400)(rec)  # SFT redoes steps 400..599: its evaluation is stale
+    assert not after_checkpoint("sft", 600)(rec)  # SFT complete: the record stands
+    assert not after_checkpoint("rl", 0)(rec)  # an RL resume never drops it

@@ -242,13 +242,17 @@ def truncate_metrics(path: Path, drop: Callable[[dict[str, Any]], bool]) -> int:
 
 def after_checkpoint(phase: str, start: int) -> Callable[[dict[str, Any]], bool]:
     """The records a resume of ``phase`` from its checkpoint ``start`` logs again: the phase's
-    steps from ``start`` on, RL's evaluations after ``start`` and the final evaluation."""
+    steps from ``start`` on, RL's evaluations after ``start``, the evaluation after SFT when SFT
+    resumes before its end, and the final evaluation."""
 
     def drop(rec: dict[str, Any]) -> bool:
         p, step = rec.get("phase"), rec.get("step", 0)
         if p == phase and isinstance(step, int) and step >= start:
             return True
         if p == "eval" and rec.get("label") == "after":
+            return True
+        if phase == "sft" and p == "eval" and rec.get("label") == "after_sft" and isinstance(step, int) \
+                and step > start:
             return True
         return phase == "rl" and p == "eval" and rec.get("label") == "during" and isinstance(step, int) \
             and step > start
