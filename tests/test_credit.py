@@ -626,3 +626,22 @@ def test_grpo_negative_weight_by_hand():
     for bad in (1.5, -0.1, float("nan"), True):
         with pytest.raises(ValueError, match="negative_weight"):
             GRPOConfig(negative_weight=bad)
+
+
+def test_grpo_positive_weight_by_hand():
+    """Same rewards: positive_weight scales the positive entry only (0: the negative part alone);
+    both weights 0 is refused."""
+    from jaxagent.credit.grpo import GRPOConfig, grpo_advantage
+
+    r = jnp.asarray([1.0, 0.0, 0.0, 0.0, 2.0, 2.0])
+    g = jnp.asarray([0, 0, 0, 0, 1, 1], jnp.int32)
+    s3 = np.sqrt(3.0)
+    np.testing.assert_allclose(grpo_advantage(r, g, GRPOConfig(positive_weight=0.0)),
+                               [0, -1 / s3, -1 / s3, -1 / s3, 0, 0], rtol=1e-5)
+    np.testing.assert_allclose(grpo_advantage(r, g, GRPOConfig(positive_weight=0.5, negative_weight=0.5)),
+                               [s3 / 2, -0.5 / s3, -0.5 / s3, -0.5 / s3, 0, 0], rtol=1e-5)
+    for bad in (1.5, -0.1, float("nan"), True):
+        with pytest.raises(ValueError, match="positive_weight"):
+            GRPOConfig(positive_weight=bad)
+    with pytest.raises(ValueError, match="at least one"):
+        GRPOConfig(positive_weight=0.0, negative_weight=0.0)

@@ -51,18 +51,25 @@ class GRPOConfig:
     pushes an episode below its group's mean down less than it pulls one above the mean up
     (asymmetric REINFORCE: 0 keeps the positive part alone, a reward-weighted imitation of the
     group's better episodes); docs/RESULTS.md, "RL that learns", says why and when it helps.
+    positive_weight: in [0, 1], the weight of positive advantages (1: GRPO); 0 keeps the negative
+    part alone (an unlikelihood update on the group's worse episodes). Not both 0.
     """
 
     normalize_std: bool = True
     eps: float = 1e-6
     negative_weight: float = 1.0
+    positive_weight: float = 1.0
 
     def __post_init__(self):
         check_bool("GRPOConfig", "normalize_std", self.normalize_std)
         check_eps("GRPOConfig", "eps", self.eps)
-        w = self.negative_weight
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and 0 <= w <= 1):
-            raise ValueError(f"GRPOConfig.negative_weight={w!r}: expected a number in [0, 1] (1: GRPO)")
+        for name in ("negative_weight", "positive_weight"):
+            w = getattr(self, name)
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and 0 <= w <= 1):
+                raise ValueError(f"GRPOConfig.{name}={w!r}: expected a number in [0, 1] (1: GRPO)")
+        if self.negative_weight == 0 and self.positive_weight == 0:
+            raise ValueError("GRPOConfig.negative_weight=0 and positive_weight=0: every advantage would be 0; "
+                             "expected at least one of them > 0")
 
 
 def check_bool(cls: str, field: str, value) -> None:
@@ -168,13 +175,16 @@ def grpo_advantage(
     reward_B: ``[B]`` float outcome rewards; group_id_B: ``[B]`` int32 in ``[0, num_groups)``
     (default num_groups = B); valid_B: optional ``[B]`` bool (padding rows: excluded, A = 0).
     Returns ``A_B`` float32; exactly 0 for degenerate groups (single member or all equal).
-    Negative entries are scaled by ``config.negative_weight`` (1: unchanged).
+    Negative entries are scaled by ``config.negative_weight``, positive ones by
+    ``config.positive_weight`` (1: unchanged).
     """
     A_B, _ = group_normalize(
         reward_B, group_id_B, valid_B, num_groups=num_groups, normalize_std=config.normalize_std, eps=config.eps
     )
     if config.negative_weight != 1.0:
         A_B = jnp.where(A_B < 0, config.negative_weight * A_B, A_B)
+    if config.positive_weight != 1.0:
+        A_B = jnp.where(A_B > 0, config.positive_weight * A_B, A_B)
     return A_B
 
 
