@@ -181,8 +181,11 @@ class SFTSection:
     demo_policy: Literal["expert", "imitable"] = _help(
         "imitable", "expert: the gym's (possibly privileged) expert; imitable: one that uses only what the agent sees")
     lr: float | None = _help(1e-2, "SFT learning rate (null: optim.lr)")
+    warmup_steps: int | None = _help(
+        10, "SFT warmup steps (null: optim.warmup_steps); the quickstart's tiny model needs them for its copy "
+            "circuit to form, whatever the RL phase's warmup")
     schedule: Literal["constant", "cosine"] = _help(
-        "cosine", "after optim.warmup_steps: constant, or cosine decay to final_lr_fraction * lr at the last step")
+        "cosine", "after the warmup: constant, or cosine decay to final_lr_fraction * lr at the last step")
     final_lr_fraction: float = 0.05
     max_skipped_share: float = _help(
         0.5, "stop (non-zero exit) once more than this share of the SFT updates were skipped for non-finite "
@@ -191,6 +194,8 @@ class SFTSection:
     def validate(self) -> None:
         if not 0.0 <= self.max_skipped_share <= 1.0:
             raise ValueError(f"max_skipped_share={self.max_skipped_share}: expected a number in [0, 1] (1: never stop)")
+        if self.warmup_steps is not None and (isinstance(self.warmup_steps, bool) or self.warmup_steps < 0):
+            raise ValueError(f"warmup_steps={self.warmup_steps!r}: expected null or an integer >= 0")
         if not 0.0 <= self.final_lr_fraction <= 1.0:
             raise ValueError(f"final_lr_fraction={self.final_lr_fraction}: expected a number in [0, 1]")
         if not 0.0 <= self.noise < 1.0:

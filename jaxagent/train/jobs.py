@@ -286,10 +286,12 @@ def sft_data(cfg: RunConfig, tok: Tokenizer, make_env=None) -> list[tuple[list[i
 
 
 def sft_optim(cfg: RunConfig) -> OptimSettings:
-    """The SFT phase's optimizer: ``optim`` with the ``sft`` section's learning rate and schedule
-    (cosine: decays over the SFT steps after the warmup)."""
+    """The SFT phase's optimizer: ``optim`` with the ``sft`` section's learning rate, warmup and
+    schedule (cosine: decays over the SFT steps after the warmup)."""
     s = cfg.sft
     optim = cfg.optim if s.lr is None else dataclasses.replace(cfg.optim, lr=s.lr)
+    if s.warmup_steps is not None:
+        optim = dataclasses.replace(optim, warmup_steps=s.warmup_steps)
     if s.schedule == "cosine":
         return dataclasses.replace(optim, schedule="cosine", decay_steps=max(1, s.steps - optim.warmup_steps),
                                    final_lr_fraction=s.final_lr_fraction)
