@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from jaxagent import configlib
+from jaxagent.configlib import ConfigError
 from jaxagent.config import RunConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,3 +77,39 @@ def test_initializer_range_reaches_the_random_weights():
         stds[r] = float(np.std(np.asarray(jax.device_get(params["embed"]))))
     for r, std in stds.items():
         assert abs(std - (0.02 if r is None else r)) < 0.05 * (0.02 if r is None else r), stds
+
+
+def test_sft_optimizer_has_its_own_warmup():
+    """The SFT phase warms up by sft.warmup_steps whatever the RL optimizer's warmup (the quickstart's
+    SFT needs 10 steps for the copy circuit to form; configs/rl_learns.yaml's RL has none); null:
+    optim's."""
+    from jaxagent.train.jobs import sft_optim
+
+    o = sft_optim(load_config())
+    assert (o.lr, o.warmup_steps, o.schedule, o.decay_steps) == (1e-2, 10, "cosine", 590)
+    learns = load_config(ROOT / "configs" / "rl_learns.yaml")
+    assert learns.optim.warmup_steps == 0 and sft_optim(learns).warmup_steps == 10
+    o = sft_optim(load_config(None, ["sft.warmup_steps=null", "optim.warmup_steps=3", "sft.steps=100"]))
+    assert (o.warmup_steps, o.decay_steps) == (3, 97)
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        load_config(None, ["sft.warmup_steps=-1"])
+
+
+def test_rl_learns_config_is_the_benchmark_settings():
+    """configs/rl_learns.yaml holds scripts/bench_rl_learns.py's LEARNING settings (but its own name)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_rl_learns
+
+    cfg = load_config(ROOT / "configs" / "rl_learns.yaml")
+    keys = [o.split("=", 1)[0] for o in bench_rl_learns.LEARNING if not o.startswith(("eval.sampled_k", "checkpoint."))]
+    bench = load_config(None, [*bench_rl_learns.LEARNING])
+    d, b = configlib.to_dict(cfg), configlib.to_dict(bench)
+
+    def get(tree, key):
+        for part in key.split("."):
+            tree = tree[part]
+        return tree
+
+    assert {k: get(d, k) for k in keys if k != "eval.every"} == {k: get(b, k) for k in keys if k != "eval.every"}
