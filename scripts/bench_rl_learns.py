@@ -150,13 +150,16 @@ def curves(runs: Mapping[int, Mapping[str, Any]], *, n_boot: int) -> list[dict[s
 def steps_to_threshold(rl: Sequence[Mapping[str, Any]], threshold: float = THRESHOLD, smooth: int = SMOOTH) -> int | None:
     """The first iteration i (0-based, i >= smooth - 1) with mean(success[i - smooth + 1 : i + 1]) >=
     threshold (training success of each RL iteration's rollouts: full windows only); None when none
-    reaches it (censored)."""
+    reaches it (censored). `compare_credit.steps_to_threshold` on the moving means."""
     vals = [float(r["success"]) for r in rl]
-    for i in range(smooth - 1, len(vals)):
-        w = vals[i - smooth + 1: i + 1]
-        if sum(w) / len(w) >= threshold - 1e-12:
-            return i
-    return None
+    means = [(i, sum(vals[i - smooth + 1: i + 1]) / smooth) for i in range(smooth - 1, len(vals))]
+    return cc.steps_to_threshold(means, threshold)
+
+
+def _censored_steps(rl: Sequence[Mapping[str, Any]]) -> int:
+    """Steps to threshold, a run that never reached it counted as its iterations + 1."""
+    hit = steps_to_threshold(rl)
+    return len(rl) + 1 if hit is None else hit
 
 
 def credit_table(runs: Mapping[int, Mapping[str, Any]], conditions: Sequence[str], *, n_boot: int
@@ -178,18 +181,13 @@ def credit_table(runs: Mapping[int, Mapping[str, Any]], conditions: Sequence[str
                               ("greedy_success", "success_by_task")):
                 p = paired(runs, key, n_boot=n_boot, cond=c, base=base)
                 row[f"{name}_vs_{base}"] = p and {"gain": p["gain"], "ci95": p["ci95"], "pairs": p["pairs"]}
-        steps, censored = {}, {}
-        for s, r in runs.items():
-            if c in r:
-                hit = steps_to_threshold(r[c]["rl"])
-                censored[s] = hit is None
-                steps[s] = len(r[c]["rl"]) + 1 if hit is None else hit
+        have = [s for s, r in runs.items() if c in r]
+        steps = {s: _censored_steps(runs[s][c]["rl"]) for s in have}
         row["steps_to_threshold"] = steps
-        row["censored"] = censored
+        row["censored"] = {s: steps_to_threshold(runs[s][c]["rl"]) is None for s in have}
         if c != "grpo":
-            common = [s for s in steps if "grpo" in runs[s]]
-            d = [steps[s] - (steps_to_threshold(runs[s]["grpo"]["rl"]) if steps_to_threshold(runs[s]["grpo"]["rl"])
-                             is not None else len(runs[s]["grpo"]["rl"]) + 1) for s in common]
+            common = [s for s in have if "grpo" in runs[s]]
+            d = [steps[s] - _censored_steps(runs[s]["grpo"]["rl"]) for s in common]
             row["steps_vs_grpo"] = ({"gain": float(np.mean(d)), "per_seed": dict(zip(common, d)),
                                      "ci95": list(percentile_interval(d, n=n_boot)) if len(d) > 1 else [d[0], d[0]]}
                                     if d else None)
