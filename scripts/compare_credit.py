@@ -17,6 +17,9 @@ Conditions (``--conditions``, comma-separated; default all eleven): ``grpo``, ``
 ``infopo/no-gate`` (``infopo.use_gate=false``), ``infopo/no-ext`` (``infopo.use_ext=false``); Faca
 controls ``faca/shifted``, ``faca/random``, ``faca/reversed`` (``faca.ablation=shift|random|reverse``);
 ``control``: GRPO at ``optim.lr=0`` (the warm start itself, through identical rollouts: what RL adds).
+Outside the default grid, diagnostics: ``infopo/pos-info`` (``infopo.negative_weight=0``: the info
+term's negative entries dropped) and ``infopo/by-turn`` (``infopo.normalize_by=group_turn``: each
+turn's gain against the same turn of the group's other episodes, not against every turn).
 
 Every ``key=value`` argument is passed to every job (``python -m jaxagent.launch`` overrides); the
 script sets ``job``, ``name``, ``runs_dir``, ``seed``, ``env.gym``, ``progress`` and the condition's
@@ -85,7 +88,13 @@ CONDITIONS: dict[str, tuple[str, ...]] = {
     "faca/reversed": ("rl.credit=faca", "faca.ablation=reverse"),
     # no learning at all: the same rollouts, credit and updates of size 0 (what RL adds over the warm start)
     "control": ("rl.credit=grpo", "optim.lr=0"),
+    # diagnostics, not in the default grid: InfoPO with its info term's negative entries dropped;
+    # InfoPO with each turn normalised against the same turn of its group only
+    "infopo/pos-info": ("rl.credit=infopo", "infopo.negative_weight=0"),
+    "infopo/by-turn": ("rl.credit=infopo", "infopo.normalize_by=group_turn"),
 }
+DIAGNOSTICS = ("infopo/pos-info", "infopo/by-turn")
+GRID = tuple(c for c in CONDITIONS if c not in DIAGNOSTICS)  # the default: the eleven conditions
 BASELINE = "grpo"
 QUICK_CONDITIONS = ("grpo", "infopo")
 # --quick: a smoke run of the whole pipeline in seconds per job (user overrides still win).
@@ -94,7 +103,7 @@ QUICK_OVERRIDES = ("sft.steps=2", "sft.demos=8", "sft.batch_size=4", "steps=1", 
                    "rollout.max_turns=3", "rollout.slots=4", "checkpoint.every=0")
 # Keys the script sets itself; a pass-through override of one of them is an error.
 OWN_KEYS = ("job", "name", "runs_dir", "seed", "env.gym", "model.path", "resume", "progress", "rl.credit",
-            "infopo.normalize_std", "infopo.use_gate", "infopo.use_ext", "faca.ablation")
+            "infopo.normalize_std", "infopo.use_gate", "infopo.use_ext", "infopo.negative_weight", "infopo.normalize_by", "faca.ablation")
 # model.* keys that only apply to presets (ModelSection.validate rejects them next to model.path).
 PRESET_ONLY = ("model.preset", "model.hidden_size", "model.num_hidden_layers", "model.intermediate_size",
                "model.num_attention_heads", "model.num_key_value_heads", "model.head_dim", "model.init_seed")
@@ -276,20 +285,55 @@ def _plain_config(config_file: str | None, overrides: Sequence[str]) -> dict[str
     return d
 
 
+#: What an SFT warm start's config check skips: the RL phase's settings, which a job=sft run never
+#: reads (rl.success_threshold, which scores its evaluation, is still compared). One warm start
+#: serves RL runs of any RL settings, and a change of the RL defaults does not orphan it.
+SFT_UNREAD = ("steps", "rl", "ppo", "grpo", "infopo", "faca")
+
+
+def _unread_by_sft(key: str) -> bool:
+    top = key.split(".", 1)[0]
+    return top in SFT_UNREAD and key != "rl.success_threshold"
+
+
 def check_existing(run_dir: Path, expected: Mapping[str, Any]) -> None:
-    """Raises when ``run_dir`` holds a run of another configuration."""
+    """Raises when ``run_dir`` holds a run of another configuration. Not differences: a key the
+    stored config lacks (added to the schema after the run was made) whose expected value is its
+    default (a new key defaults to the behaviour before it); for a ``job=sft`` run, the RL-only
+    sections it never reads (``SFT_UNREAD``)."""
     path = run_dir / "config.yaml"
     if not path.exists():
         return
     import yaml
 
+    from jaxagent import configlib
+    from jaxagent.config import RunConfig
+
     have = yaml.safe_load(path.read_text()) or {}
     for k in IGNORED_IN_CONFIG_CHECK:
         have.pop(k, None)
-    if have != dict(expected):
-        diff = sorted(_diff_keys(have, expected))
-        raise SystemExit(f"{run_dir}: holds a run with another configuration (differs in {', '.join(diff[:8])}); "
+    defaults = configlib.to_dict(RunConfig())
+    diff = []
+    for key in _diff_keys(have, expected):
+        if _lookup(have, key) is _MISSING and _lookup(expected, key) == _lookup(defaults, key):
+            continue
+        if expected.get("job") == "sft" and _unread_by_sft(key):
+            continue
+        diff.append(key)
+    if diff:
+        raise SystemExit(f"{run_dir}: holds a run with another configuration (differs in {', '.join(sorted(diff)[:8])}); "
                          "pick another --prefix or --runs-dir, or delete it")
+
+
+_MISSING = object()
+
+
+def _lookup(d: Any, key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(d, Mapping) or part not in d:
+            return _MISSING
+        d = d[part]
+    return d
 
 
 def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
@@ -590,7 +634,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         ap.error(f"{own[0]!r}: set by the script (use --gyms, --seeds, --conditions, --runs-dir, --prefix)")
     args.gyms = [g for g in args.gyms.split(",") if g]
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
-    conds = args.conditions.split(",") if args.conditions else list(QUICK_CONDITIONS if args.quick else CONDITIONS)
+    conds = args.conditions.split(",") if args.conditions else list(QUICK_CONDITIONS if args.quick else GRID)
     unknown = [c for c in conds if c not in CONDITIONS]
     if unknown:
         ap.error(f"--conditions: {unknown[0]!r} is not one of {', '.join(CONDITIONS)}")

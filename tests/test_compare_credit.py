@@ -2,6 +2,7 @@
 metrics file, the grid's overrides, skipping and failures (with a fake launcher), and one real
 end-to-end --quick run (SFT warm start -> two RL conditions from its HF export -> RESULTS.md)."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -140,6 +141,13 @@ def test_overrides_pass_through_and_condition_keys_win():
     cfg = load_config(None, cc.rl_overrides([], runs_dir="R", prefix="p", gym="intention", seed=0,
                                             condition="faca/reversed"))
     assert cfg.faca.ablation == "reverse" and cfg.infopo.use_ext
+    cfg = load_config(None, cc.rl_overrides([], runs_dir="R", prefix="p", gym="intention", seed=0,
+                                            condition="infopo/pos-info"))
+    assert cfg.infopo.negative_weight == 0 and cfg.infopo.normalize_by == "group"  # the info term's sign only
+    assert len(cc.GRID) == 11 and not set(cc.DIAGNOSTICS) & set(cc.GRID)  # diagnostics: not in the default grid
+    cfg = load_config(None, cc.rl_overrides([], runs_dir="R", prefix="p", gym="intention", seed=0,
+                                            condition="infopo/by-turn"))
+    assert cfg.infopo.normalize_by == "group_turn" and cfg.infopo.negative_weight == 1
 
 
 def test_parse_args_quick_and_errors(tmp_path):
@@ -223,3 +231,45 @@ def test_quick_run_end_to_end(tmp_path, capsys):
     assert cc.main(argv) == 0
     err = capsys.readouterr().err
     assert err.count("done before, skipped") == 3
+
+
+# ----------------------------------------------------------------------------- reuse of run dirs
+def _stored(tmp_path: Path, name: str, d: dict) -> Path:
+    import yaml
+
+    run = tmp_path / name
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(d))
+    return run
+
+
+def test_check_existing_new_keys_at_their_default_and_sft_runs_rl_sections(tmp_path):
+    from jaxagent import configlib
+
+    rl = cc._plain_config(None, cc.rl_overrides([], runs_dir="R", prefix="p", gym="intention", seed=0,
+                                                condition="grpo"))
+    sft = cc._plain_config(None, cc.sft_overrides([], runs_dir="R", prefix="p", gym="intention", seed=0))
+    tmp = tmp_path
+    cc.check_existing(tmp / "absent", rl)  # nothing stored: nothing to check
+    cc.check_existing(_stored(tmp, "same", rl), rl)
+    # a key the stored run predates, expected at its default: the same run
+    old = copy.deepcopy(rl)
+    del old["infopo"]["negative_weight"]
+    cc.check_existing(_stored(tmp, "older", old), rl)
+    # ... but not when the expected value is another one
+    pos = configlib.deep_merge(rl, {"infopo": {"negative_weight": 0.0}})
+    with pytest.raises(SystemExit, match="infopo.negative_weight"):
+        cc.check_existing(tmp / "older", pos)
+    # a stored value that differs is a difference, missing or not
+    with pytest.raises(SystemExit, match=r"differs in optim\.lr"):
+        cc.check_existing(_stored(tmp, "lr", configlib.deep_merge(rl, {"optim": {"lr": 0.5}})), rl)
+    # an SFT warm start: the RL-only sections do not count, the rest does
+    other_rl = configlib.deep_merge(sft, {"steps": 99, "rl": {"credit": "faca"}, "grpo": {"negative_weight": 1.0}})
+    cc.check_existing(_stored(tmp, "sft", other_rl), sft)
+    for change, key in (({"rl": {"success_threshold": 0.5}}, "rl.success_threshold"),
+                        ({"sft": {"steps": 7}}, "sft.steps"), ({"optim": {"lr": 0.5}}, "optim.lr")):
+        with pytest.raises(SystemExit, match=key.replace(".", r"\.")):
+            cc.check_existing(_stored(tmp, f"sft_{key}", configlib.deep_merge(sft, change)), sft)
+    # an RL run's rl section is compared
+    with pytest.raises(SystemExit, match=r"rl\.credit"):
+        cc.check_existing(_stored(tmp, "rl_credit", configlib.deep_merge(rl, {"rl": {"credit": "faca"}})), rl)

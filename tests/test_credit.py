@@ -428,6 +428,31 @@ class TestInfoPO(chex.TestCase):
         np.testing.assert_allclose(np.asarray(out)[0, 8], A_INFO[0, 1], rtol=1e-6)
 
 
+def test_normalize_turn_rewards_by_turn_hand_computed():
+    """by_turn: each turn against the same turn of its group's other rollouts; pooled (InfoPO's
+    default) the later turn's higher gain alone would give it the advantage in every rollout."""
+    r = jnp.asarray([[0.1, 0.5], [0.3, 0.9], [0.2, 0.0]], jnp.float32)
+    valid = jnp.asarray([[True, True], [True, True], [True, False]])
+    gid = jnp.asarray([0, 0, 1], jnp.int32)
+    A = normalize_turn_rewards(r, valid, gid, False, EPS, by_turn=True)
+    # group 0: turn 0 mean 0.2, turn 1 mean 0.7; group 1: one valid turn -> 0; invalid -> 0
+    np.testing.assert_allclose(A, [[-0.1, -0.2], [0.1, 0.2], [0.0, 0.0]], atol=1e-6)
+    A = normalize_turn_rewards(r, valid, gid, True, EPS, by_turn=True)  # population std 0.1 and 0.2
+    np.testing.assert_allclose(A, [[-1, -1], [1, 1], [0, 0]], atol=1e-4)
+    A = normalize_turn_rewards(r, valid, gid, False, EPS)  # pooled over group 0's four turns: mean 0.45
+    np.testing.assert_allclose(A, [[-0.35, 0.05], [-0.15, 0.45], [0.0, 0.0]], atol=1e-6)
+    # a rollout outside every group (id -1) gets nothing and enters no cell
+    A = normalize_turn_rewards(r, valid, jnp.asarray([0, 0, -1], jnp.int32), False, EPS, by_turn=True)
+    np.testing.assert_allclose(A[2], [0, 0], atol=0)
+    # through fuse: InfoPOConfig(normalize_by="group_turn") reaches it
+    A_by = normalize_turn_rewards(R_INFO, jnp.asarray(INFO_VALID), BATCH.group_id_B, True, EPS, by_turn=True)
+    A, d = fuse(BATCH, R_INFO, InfoPOConfig(normalize_by="group_turn", use_gate=False), None, GRPOConfig())
+    np.testing.assert_allclose(d["A_info_BT"], A_by, atol=1e-6)
+    np.testing.assert_allclose(A, expected_tokens(A_EXT, 0.5 * np.asarray(A_by), 0 * A_PROC), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="normalize_by"):
+        InfoPOConfig(normalize_by="turn")
+
+
 jit_turn_norm = jax.jit(normalize_turn_rewards, static_argnames=("normalize_std", "eps"))
 
 
@@ -521,6 +546,21 @@ class TestFuse(chex.TestCase):
         gid = np.asarray(BATCH.group_id_B)
         zero = [g for g in set(gid.tolist()) if np.all(np.asarray([0.5, -0.5, 0, 0])[gid == g] == 0)]
         assert float(d["zero_adv_group_share"]) == pytest.approx(len(zero) / len(set(gid.tolist())))
+
+    def test_infopo_negative_weight_scales_the_info_terms_negative_entries_only(self):
+        info = 0.5 * GATE[:, None] * A_INFO  # beta g A_info, by turn
+        assert (info < 0).any() and (info > 0).any()
+        for w in (0.0, 0.25):
+            A, _ = fuse(BATCH, R_INFO, InfoPOConfig(negative_weight=w), None, GRPOConfig())
+            # the outcome term (here with both signs) is untouched: only beta g A_info < 0 is scaled
+            expected = expected_tokens(A_EXT, np.where(info < 0, w * info, info), 0 * A_PROC)
+            np.testing.assert_allclose(A, expected, rtol=1e-5, atol=1e-6)
+        # rollout 0's turn 1 has A_info = -sqrt(1.5) (hand-computed above): its action token 8
+        A, _ = fuse(BATCH, R_INFO, InfoPOConfig(negative_weight=0.0), None, GRPOConfig())
+        np.testing.assert_allclose(np.asarray(A)[0, 8], A_EXT[0], rtol=1e-6)
+        for bad in (-0.1, 1.5, True, "0"):
+            with pytest.raises(ValueError, match="negative_weight"):
+                InfoPOConfig(negative_weight=bad)
 
     def test_lambda_zero_leaves_the_outcome_advantage(self):
         fn = fuse  # eager: the ops are compiled already, a jit per config would not be

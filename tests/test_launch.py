@@ -12,7 +12,7 @@ from jaxagent.launch import main
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["sft.steps=3", "sft.demos=8", "sft.batch_size=4", "steps=2", "eval.tasks=2", "eval.every=1",
          "rl.tasks_per_step=2", "rl.group_size=2", "rl.minibatch_size=4", "rollout.max_turns=3", "rollout.slots=4",
-         "checkpoint.every=1", "progress=false"]
+         "checkpoint.every=1", "rl.credit=infopo", "progress=false"]
 
 
 def test_paper_scale_config_passes_dry_run(capsys):
@@ -27,7 +27,7 @@ def test_paper_scale_config_passes_dry_run(capsys):
 def test_quickstart_dry_run(capsys):
     assert main(["--dry-run"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["job"] == "sft+rl" and out["credit"] == "infopo" and 0 < out["parameters"] < 1_000_000
+    assert out["job"] == "sft+rl" and out["credit"] == "grpo" and 0 < out["parameters"] < 1_000_000
 
 
 @pytest.mark.parametrize("argv, needle", [

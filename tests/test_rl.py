@@ -63,7 +63,13 @@ def test_iteration_is_rollout_then_train_on():
     a, b = _trainer("infopo"), _trainer("infopo")
     m_a, trajs_a = a.iteration(tasks, key)
     trajs_b = b.rollout(tasks, jax.random.split(key, 3)[0])
+    # credit() is train_on's credit without the update: the same figures, the policy untouched
+    step0 = int(b.state.step)
+    batch, A_BL, diag = b.credit(trajs_b, key)
+    assert A_BL.shape == batch.tokens_BL.shape and int(b.state.step) == step0
     m_b = b.train_on(trajs_b, key)
+    for k in ("cover/info", "cover/ext", "zero_adv_group_share"):
+        assert m_b[f"credit/{k}"] == float(diag[k]), k
     assert [t.tokens for t in trajs_a] == [t.tokens for t in trajs_b]
     for x, y in zip(jax.tree.leaves(a.state.params), jax.tree.leaves(b.state.params)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -54,11 +54,11 @@ def test_resume_refuses_a_changed_config_unless_named_and_keeps_every_config(tmp
     first = (run / "config.yaml").read_text()
     # A changed learning rate and model shape: refused, each key listed with both values.
     with pytest.raises(SystemExit) as info:
-        main(argv + ["resume=true", "optim.lr=0.002", "model.hidden_size=96", "rl.credit=grpo"])
+        main(argv + ["resume=true", "optim.lr=0.002", "model.hidden_size=96", "rl.credit=infopo"])
     msg = str(info.value)
     assert msg.startswith("config error: resume=true:") and "\n" not in msg
-    assert "optim.lr: 0.001 -> 0.002" in msg and "model.hidden_size: None -> 96" in msg
-    assert "rl.credit: 'infopo' -> 'grpo'" in msg and "3 key(s)" in msg
+    assert "optim.lr: 0.0003 -> 0.002" in msg and "model.hidden_size: None -> 96" in msg
+    assert "rl.credit: 'grpo' -> 'infopo'" in msg and "3 key(s)" in msg
     assert "resume_overrides=[model.hidden_size,rl.credit,optim.lr]" in msg
     assert sorted(p.name for p in run.glob("config*")) == ["config.yaml"]  # nothing written
     # Named, the change is allowed (a section covers its keys); the first config stays.

@@ -66,7 +66,13 @@ class InfoPOConfig:
 
     beta: weight of the info term (>= 0). gate_temperature: T of the variance gate (> 0).
     normalize_std: divide A_info by the group std (False: the "w/o std" ablation, centering only).
+    normalize_by: "group" (InfoPO: each turn against every valid turn of its group) or
+    "group_turn" (against the same turn index of the group's other rollouts only; removes the
+    advantage that turn position alone gives, see ``normalize_turn_rewards``).
     use_gate: False sets g = 1. use_ext: False gives A = A_info (no outcome term).
+    negative_weight: in [0, 1], the weight of the info term's negative entries (1: InfoPO as
+    published; 0 keeps only the credit of turns that gained more information than their group's
+    mean, the info term's analogue of ``GRPOConfig.negative_weight``).
     eps: added to the std in the A_info denominator (> 0).
     placeholder, placeholder_mode, mode: read by ``infogain`` (the counterfactual feedback text;
     "replace" = PH replaces o_t, "overwrite" = PH written over o_t at o_t's length; which of the
@@ -76,8 +82,10 @@ class InfoPOConfig:
     beta: float = 0.5
     gate_temperature: float = 0.5
     normalize_std: bool = True
+    normalize_by: Literal["group", "group_turn"] = "group"
     use_gate: bool = True
     use_ext: bool = True
+    negative_weight: float = 1.0
     eps: float = 1e-6
     placeholder: str = "No information found."
     placeholder_mode: Literal["replace", "overwrite"] = "replace"
@@ -90,6 +98,11 @@ class InfoPOConfig:
         check_eps("InfoPOConfig", "gate_temperature", self.gate_temperature)
         for name in ("normalize_std", "use_gate", "use_ext"):
             check_bool("InfoPOConfig", name, getattr(self, name))
+        if self.normalize_by not in ("group", "group_turn"):
+            raise ValueError(f"InfoPOConfig.normalize_by={self.normalize_by!r}: expected 'group' or 'group_turn'")
+        w = self.negative_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w <= 1.0:
+            raise ValueError(f"InfoPOConfig.negative_weight={w!r}: expected a number in [0, 1]")
         check_eps("InfoPOConfig", "eps", self.eps)
         if not isinstance(self.placeholder, str) or not self.placeholder.strip():
             raise ValueError(f"InfoPOConfig.placeholder={self.placeholder!r}: expected a non-empty string")
@@ -129,6 +142,7 @@ def normalize_turn_rewards(
     eps: float = 1e-6,
     *,
     num_groups: int | None = None,
+    by_turn: bool = False,
 ) -> jax.Array:
     """Group-normalised info advantage ``A_info_BT``.
 
@@ -137,11 +151,18 @@ def normalize_turn_rewards(
     The statistics of group g run over every valid turn of every rollout in g:
     ``A = (r - mean_g) / (std_g + eps)`` (population std) or ``r - mean_g`` without std; exactly
     0 on invalid turns and in groups with fewer than 2 valid turns or all-equal values.
+    by_turn: the statistics run over the valid turns of index t of the rollouts in g instead, one
+    set per (g, t): each turn is compared with the same turn of the group's other rollouts, so
+    what differs between turn positions (the first turn's gain is lower in every rollout, say)
+    gives no advantage.
     """
     r_BT = jnp.asarray(r_info_BT)
     B, T = r_BT.shape
     G = B if num_groups is None else int(num_groups)
     gid_BT = jnp.broadcast_to(jnp.asarray(group_id_B, jnp.int32)[:, None], (B, T))
+    if by_turn:  # cell (g, t) -> g * T + t; ids outside [0, G) stay outside [0, G * T)
+        gid_BT = jnp.where(gid_BT >= 0, gid_BT * T + jnp.arange(T, dtype=jnp.int32)[None, :], -1)
+        G = G * T
     A_N, _ = group_normalize(
         r_BT.reshape(-1), gid_BT.reshape(-1), jnp.asarray(valid_BT, bool).reshape(-1),
         num_groups=G, normalize_std=normalize_std, eps=eps,
@@ -229,7 +250,8 @@ def fuse(
             raise ValueError("r_info_BT=None: expected a [B, T] array when infopo is set")
         chex.assert_shape(r_info_BT, batch.turn_valid_BT.shape)
         valid_BT = infogain_valid_turns(batch)
-        A_info_BT = normalize_turn_rewards(r_info_BT, valid_BT, batch.group_id_B, infopo.normalize_std, infopo.eps)
+        A_info_BT = normalize_turn_rewards(r_info_BT, valid_BT, batch.group_id_B, infopo.normalize_std, infopo.eps,
+                                           by_turn=infopo.normalize_by == "group_turn")
         A_info_BL = broadcast_turns(A_info_BT, batch.turn_idx_BL, batch.loss_mask_BL)
         if infopo.use_gate and infopo.use_ext:
             gate_G = gate_per_group(batch.reward_B, batch.group_id_B, infopo.gate_temperature, valid_B=row_valid_B)
@@ -237,6 +259,8 @@ def fuse(
         else:  # no gate, or A = A_info alone (no gate applied): report ones
             gate_G, gate_B = jnp.ones((B,), jnp.float32), jnp.ones((B,), jnp.float32)
         info_BL = infopo.beta * gate_B[:, None] * A_info_BL if infopo.use_ext else A_info_BL
+        if infopo.negative_weight != 1.0:
+            info_BL = jnp.where(info_BL < 0, infopo.negative_weight * info_BL, info_BL)
         info_BL = jnp.where(agent_BL, info_BL, 0.0)
         diag.update(
             r_info_BT=jnp.where(valid_BT, jnp.asarray(r_info_BT, jnp.float32), 0.0),

@@ -212,6 +212,31 @@ class RLTrainer:
         (``tokens_per_s`` over credit and update only)."""
         return self._train(trajs, key, None)
 
+    def credit(self, trajs: Sequence[Trajectory], key: jax.Array) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
+        """The batch, the fused per-token advantage ``A_BL`` and its diagnostics (`fuse`) for
+        ``trajs`` under the current policy, as `train_on` computes them with the same ``key``
+        (no update). For diagnostics: where each credit term goes (scripts/probe_credit.py)."""
+        batch, _, A_BL, diag = self._credit(list(trajs), jax.random.split(key, 3)[1])
+        return batch, A_BL, diag
+
+    def _credit(self, rows: Sequence[Trajectory], k_credit: jax.Array):
+        # Turns padded to the episode limit (padded turns are invalid: no credit, no statistic), so
+        # the credit's compiled shapes depend on the lengths only, not on each batch's longest episode.
+        n_turns = max(1, max(len(t.action_spans()) for t in rows))
+        batch, old_lp = collate(rows, multiple=self.settings.length_multiple,
+                                turns=max(n_turns, self.episode.max_turns))
+        r_info = None
+        if self.infopo is not None:
+            packed = packed_length(batch, len(self.ph_ids), self.infopo.placeholder_mode,
+                                   multiple=self.settings.length_multiple)
+            out = compute_infogain(self.state.params, batch, self.ph_ids, config=self.config, mode=self.infopo.mode,
+                                   placeholder_mode=self.infopo.placeholder_mode, packed_len=packed,
+                                   row_chunk=self.settings.score_rows or None,
+                                   temperature=self.view["temperature"])
+            r_info = out.r_info_BT
+        A_BL, diag = self._fuse(batch, r_info, k_credit)
+        return batch, old_lp, A_BL, diag
+
     def _train(self, trajs: Sequence[Trajectory], key: jax.Array, t_roll: float | None) -> dict[str, Any]:
         _, k_credit, k_perm = jax.random.split(key, 3)
         t1 = time.perf_counter()
@@ -229,22 +254,8 @@ class RLTrainer:
                             "update/skipped": 0.0, "update/skipped_total": int(self.state.skipped)})
             return metrics
         rows = kept + [_padding_row() for _ in range(len(trajs) - n_kept)]
-        # Turns padded to the episode limit (padded turns are invalid: no credit, no statistic), so
-        # the credit's compiled shapes depend on the lengths only, not on each batch's longest episode.
-        n_turns = max(1, max(len(t.action_spans()) for t in kept))
-        batch, old_lp = collate(rows, multiple=self.settings.length_multiple,
-                                turns=max(n_turns, self.episode.max_turns))
+        batch, old_lp, A_BL, diag = self._credit(rows, k_credit)
         tokens = batch.tokens_BL
-        r_info = None
-        if self.infopo is not None:
-            packed = packed_length(batch, len(self.ph_ids), self.infopo.placeholder_mode,
-                                   multiple=self.settings.length_multiple)
-            out = compute_infogain(self.state.params, batch, self.ph_ids, config=self.config, mode=self.infopo.mode,
-                                   placeholder_mode=self.infopo.placeholder_mode, packed_len=packed,
-                                   row_chunk=self.settings.score_rows or None,
-                                   temperature=self.view["temperature"])
-            r_info = out.r_info_BT
-        A_BL, diag = self._fuse(batch, r_info, k_credit)
         data = {"tokens": tokens, "loss_mask": batch.loss_mask_BL, "advantages": A_BL,
                 "old_logp": jnp.asarray(old_lp)}
         if self.ppo.kl_coef > 0:
@@ -277,6 +288,7 @@ class RLTrainer:
             metrics["info/gain_mean"] = float(r[valid].mean()) if valid.any() else 0.0
             metrics["info/gate_mean"] = float(np.mean(np.asarray(diag["gate_B"])[:n_kept]))  # not padding rows
             metrics["info/l1_share"] = float(diag["info_l1_share"])
+            n_turns = max(1, max(len(t.action_spans()) for t in kept))
             metrics["info/gain_by_turn"] = [float(r[:, t][valid[:, t]].mean()) if valid[:, t].any() else None
                                             for t in range(n_turns)]
         if self.faca is not None:
