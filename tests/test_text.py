@@ -447,34 +447,6 @@ def test_finish_closes_the_conversation(tok):
     assert tok.decode(branch.record().tokens) == branch.render_text(branch.messages)
 
 
-def test_replace_content_for_counterfactual(tok):
-    """InfoPO: a feedback message's content replaced by a placeholder in the same template slot."""
-    r = ChatRenderer(tok, tools=TOOLS)
-    msgs = [{"role": "user", "content": "Where is W1?"}]
-    r.add(*msgs)
-    r.start_generation()
-    r.append_generated(tok.encode(format_tool_call(ToolCall("get_order", {"order_id": "W1"}))) + [_end(tok)])
-    r.add({"role": "tool", "content": '{"status": "shipped", "eta": "2 days"}'})
-    r.start_generation()
-    r.append_generated(tok.encode("It ships in 2 days.") + [_end(tok)])
-    chat = r.finish()
-    placeholder = "No information found."
-    cf = chat.replace_content(2, r.encode_content(placeholder))
-    _check_spans(cf)
-    s_old, s_new = chat.span(2), cf.span(2)
-    assert cf.tokens[:s_new.content_start] == chat.tokens[:s_old.content_start]
-    assert cf.tokens[s_new.content_end:] == chat.tokens[s_old.content_end:]
-    assert tok.decode(cf.content_tokens(2)) == placeholder
-    shift = len(cf.tokens) - len(chat.tokens)
-    assert cf.span(3) == chat.span(3).shifted(shift) and cf.scored == chat.scored == (1, 3)
-    assert cf.loss_mask().sum() == chat.loss_mask().sum()
-    msgs_cf = r.messages
-    msgs_cf[2] = {**msgs_cf[2], "content": placeholder}
-    assert tok.decode(cf.tokens) == r.render_text(msgs_cf)
-    with pytest.raises(ChatInputError, match="message index 9"):
-        chat.replace_content(9, [])
-
-
 # ============================================================================ Qwen3 thinking modes
 def _qwen3_episode(tok3, thinking):
     """user, think+call, tool, think+answer, user, think+answer; returns (renderer, prompts, generated)."""

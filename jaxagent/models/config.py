@@ -11,9 +11,7 @@ Errors for bad input name the field, the value and what was expected.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from pathlib import Path
 from typing import Any, Literal
 
 import jax.numpy as jnp
@@ -150,10 +148,6 @@ class QwenConfig:
 
     # ------------------------------------------------------------------ derived
     @property
-    def q_per_kv(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
-
-    @property
     def architecture(self) -> str:
         return {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[self.family]
 
@@ -261,17 +255,6 @@ class QwenConfig:
         )
         kwargs.update(overrides)
         return cls(**kwargs)
-
-    @classmethod
-    def from_json_file(cls, path: str | Path, **overrides) -> "QwenConfig":
-        path = Path(path)
-        try:
-            hf = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config.json: no such file {str(path)!r}") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"config.json at {str(path)!r}: not valid JSON ({e})") from None
-        return cls.from_hf_dict(hf, **overrides)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The ``config.json`` contents that transformers loads as this architecture."""

@@ -248,30 +248,6 @@ class RenderedChat:
                 mask[s.content_start:s.generated_end] = 1
         return mask
 
-    def replace_content(self, index: int, content_ids: Sequence[int]) -> RenderedChat:
-        """The same chat with message ``index``'s content tokens replaced by ``content_ids`` in the
-        same template slot (its prefix and closing tokens unchanged); later spans shift.
-
-        Because every content is tokenised on its own, this is exactly how the renderer would have
-        tokenised a message with that content in this slot (e.g. InfoPO's counterfactual
-        ``"No information found."`` for a tool result: pass ``renderer.encode_content(text)``). A
-        replaced generated content is no longer generated, and leaves ``scored``.
-        """
-        s = self.span(index)
-        new = tuple(int(t) for t in content_ids)
-        delta = len(new) - (s.content_end - s.content_start)
-        tokens = self.tokens[:s.content_start] + new + self.tokens[s.content_end:]
-        spans = []
-        for t in self.spans:
-            if t.index == index:
-                spans.append(dataclasses.replace(t, end=t.end + delta, content_end=t.content_start + len(new),
-                                                 generated=False, generated_end=t.content_start))
-            elif t.start >= s.end:
-                spans.append(t.shifted(delta))
-            else:
-                spans.append(t)
-        return RenderedChat(tokens, tuple(spans), tuple(i for i in self.scored if i != index))
-
 
 @dataclasses.dataclass
 class _Msg:
