@@ -471,7 +471,10 @@ def test_turn_normalization_properties(seed, normalize_std):
     for k in range(3):
         m = valid & (gid == k)[:, None]
         if m.sum() >= 2:
-            np.testing.assert_allclose(A[m].mean(), 0.0, atol=1e-5)
+            # float32 inputs: each deviation carries a rounding of ~eps32 * |r|, which dividing by
+            # a small group std magnifies (seed 178: three values within 0.004 of -1.455 -> 2.4e-5)
+            scale = np.abs(r[m]).max() / (r[m].std() + EPS) if normalize_std else np.abs(r[m]).max()
+            np.testing.assert_allclose(A[m].mean(), 0.0, atol=1e-5 + 8 * np.finfo(np.float32).eps * scale)
     perm = rng.permutation(B)
     np.testing.assert_allclose(jit_turn_norm(r[perm], valid[perm], gid[perm], normalize_std, EPS), A[perm], atol=1e-5)
 
