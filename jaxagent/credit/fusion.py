@@ -47,6 +47,7 @@ from jaxagent.credit.grpo import (
     broadcast_to_tokens,
     check_bool,
     check_eps,
+    check_weight,
     gather_to_tokens,
     group_normalize,
     group_stats,
@@ -100,9 +101,7 @@ class InfoPOConfig:
             check_bool("InfoPOConfig", name, getattr(self, name))
         if self.normalize_by not in ("group", "group_turn"):
             raise ValueError(f"InfoPOConfig.normalize_by={self.normalize_by!r}: expected 'group' or 'group_turn'")
-        w = self.negative_weight
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w <= 1.0:
-            raise ValueError(f"InfoPOConfig.negative_weight={w!r}: expected a number in [0, 1]")
+        check_weight("InfoPOConfig", "negative_weight", self.negative_weight, "1: InfoPO")
         check_eps("InfoPOConfig", "eps", self.eps)
         if not isinstance(self.placeholder, str) or not self.placeholder.strip():
             raise ValueError(f"InfoPOConfig.placeholder={self.placeholder!r}: expected a non-empty string")

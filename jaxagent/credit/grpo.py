@@ -64,9 +64,7 @@ class GRPOConfig:
         check_bool("GRPOConfig", "normalize_std", self.normalize_std)
         check_eps("GRPOConfig", "eps", self.eps)
         for name in ("negative_weight", "positive_weight"):
-            w = getattr(self, name)
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and 0 <= w <= 1):
-                raise ValueError(f"GRPOConfig.{name}={w!r}: expected a number in [0, 1] (1: GRPO)")
+            check_weight("GRPOConfig", name, getattr(self, name), "1: GRPO")
         if self.negative_weight == 0 and self.positive_weight == 0:
             raise ValueError("GRPOConfig.negative_weight=0 and positive_weight=0: every advantage would be 0; "
                              "expected at least one of them > 0")
@@ -75,6 +73,11 @@ class GRPOConfig:
 def check_bool(cls: str, field: str, value) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{cls}.{field}={value!r}: expected a bool")
+
+
+def check_weight(cls: str, field: str, value, note: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and 0 <= value <= 1):
+        raise ValueError(f"{cls}.{field}={value!r}: expected a number in [0, 1] ({note})")
 
 
 def check_eps(cls: str, field: str, value) -> None:

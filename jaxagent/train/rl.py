@@ -216,13 +216,12 @@ class RLTrainer:
         """The batch, the fused per-token advantage ``A_BL`` and its diagnostics (`fuse`) for
         ``trajs`` under the current policy, as `train_on` computes them with the same ``key``
         (no update). For diagnostics: where each credit term goes (scripts/probe_credit.py)."""
-        batch, _, A_BL, diag = self._credit(list(trajs), jax.random.split(key, 3)[1])
+        batch, _, A_BL, diag = self._credit(list(trajs), jax.random.split(key, 3)[1], _turns(trajs))
         return batch, A_BL, diag
 
-    def _credit(self, rows: Sequence[Trajectory], k_credit: jax.Array):
+    def _credit(self, rows: Sequence[Trajectory], k_credit: jax.Array, n_turns: int):
         # Turns padded to the episode limit (padded turns are invalid: no credit, no statistic), so
         # the credit's compiled shapes depend on the lengths only, not on each batch's longest episode.
-        n_turns = max(1, max(len(t.action_spans()) for t in rows))
         batch, old_lp = collate(rows, multiple=self.settings.length_multiple,
                                 turns=max(n_turns, self.episode.max_turns))
         r_info = None
@@ -254,7 +253,8 @@ class RLTrainer:
                             "update/skipped": 0.0, "update/skipped_total": int(self.state.skipped)})
             return metrics
         rows = kept + [_padding_row() for _ in range(len(trajs) - n_kept)]
-        batch, old_lp, A_BL, diag = self._credit(rows, k_credit)
+        n_turns = _turns(kept)
+        batch, old_lp, A_BL, diag = self._credit(rows, k_credit, n_turns)
         tokens = batch.tokens_BL
         data = {"tokens": tokens, "loss_mask": batch.loss_mask_BL, "advantages": A_BL,
                 "old_logp": jnp.asarray(old_lp)}
@@ -288,7 +288,6 @@ class RLTrainer:
             metrics["info/gain_mean"] = float(r[valid].mean()) if valid.any() else 0.0
             metrics["info/gate_mean"] = float(np.mean(np.asarray(diag["gate_B"])[:n_kept]))  # not padding rows
             metrics["info/l1_share"] = float(diag["info_l1_share"])
-            n_turns = max(1, max(len(t.action_spans()) for t in kept))
             metrics["info/gain_by_turn"] = [float(r[:, t][valid[:, t]].mean()) if valid[:, t].any() else None
                                             for t in range(n_turns)]
         if self.faca is not None:
@@ -309,6 +308,11 @@ class RLTrainer:
                         "tokens": n_tok, "tokens_per_s": n_tok / max((t_roll or 0.0) + t_credit + t_update, 1e-9),
                         "updates": int(self.state.step), "skipped_updates": int(self.state.skipped)})
         return metrics
+
+
+def _turns(trajs: Sequence[Trajectory]) -> int:
+    """The most action turns of any episode (at least 1)."""
+    return max(1, max(len(t.action_spans()) for t in trajs))
 
 
 def _padding_row() -> Trajectory:
