@@ -3,18 +3,13 @@ per-message token spans, and parsing of generated assistant text into tool calls
 
     from jaxagent.text import load_tokenizer, ChatRenderer, parse_assistant
 
-See ``chat.py`` for the rendering guarantees and the thinking modes.
+Modules: ``spans`` (MessageSpan, RenderedChat: the data rollout consumes), ``chat`` (ChatRenderer
+and its guarantees), ``anchoring`` (locating each message in the template's output),
+``thinking`` (Qwen3's thinking views), ``template``, ``tokenizer``, ``toolcalls``.
 """
 
-from jaxagent.text.chat import (
-    ROLES,
-    THINKING_MODES,
-    ChatInputError,
-    ChatRenderer,
-    MessageSpan,
-    PrefixBreak,
-    RenderedChat,
-)
+from jaxagent.text.chat import ChatRenderer
+from jaxagent.text.spans import ROLES, THINKING_MODES, ChatInputError, MessageSpan, PrefixBreak, RenderedChat
 from jaxagent.text.template import ChatTemplateError, compile_template, render_template, template_variables
 from jaxagent.text.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 from jaxagent.text.toolcalls import (
