@@ -15,20 +15,9 @@ from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from jaxagent.envs.llm_user import (
-    LLMUserClient,
-    LLMUserConfig,
-    ProfileError,
-    SimulatorError,
-    UserReply,
-    flip_roles,
-    parse_reply,
-    parse_retry_after,
-    render_system_prompt,
-)
+from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig, SimulatorError, UserReply, parse_retry_after
+from jaxagent.envs.user_prompt import ProfileError
 from tests.loopback import LoopbackServer
 
 SECRET = "sk-test-SECRET-7f3a9c"
@@ -176,29 +165,6 @@ def test_request_shape_and_role_flipping(server):
     text = json.dumps(msgs)
     for hidden in ("POLICY-TEXT", "TOOL-RESULT", "secret plan", "find_user"):
         assert hidden not in text
-
-
-def test_flip_roles_agent_first_and_errors():
-    conv = [{"role": "assistant", "content": "Hello, how can I help?"}]
-    assert flip_roles(conv) == [{"role": "user", "content": "Hello, how can I help?"}]
-    assert flip_roles([]) == [{"role": "user", "content": "Hi! How can I help you today?"}]
-    with pytest.raises(ValueError, match="spoke last"):
-        flip_roles([{"role": "user", "content": "hi"}])
-    with pytest.raises(ValueError, match=r"conversation\[0\]\.role: got 'bot'"):
-        flip_roles([{"role": "bot", "content": "x"}])
-    with pytest.raises(ValueError, match=r"conversation\[0\]"):
-        flip_roles(["hello"])
-
-
-def test_system_prompt_profile_fields():
-    tmpl = "You are {name}, age {age}. Goal: {goal}. Stop with {stop_marker}. Data: {{literal}}"
-    out = render_system_prompt(tmpl, {"name": "Ann", "age": 31, "goal": {"item": "shoes"}}, ("<END>",))
-    assert out.startswith("You are Ann, age 31. Goal: {") and '"item": "shoes"' in out
-    assert "Stop with <END>" in out and "{literal}" in out
-    with pytest.raises(ProfileError, match=r"needs field 'goal'.*profile keys: \['age', 'name'\]"):
-        render_system_prompt(tmpl, {"name": "Ann", "age": 31})
-    with pytest.raises(ProfileError, match="expected a dict"):
-        render_system_prompt(tmpl, ["not", "a", "dict"])
 
 
 def test_config_validation():
@@ -417,37 +383,6 @@ def test_closed_client_refuses():
         with pytest.raises(RuntimeError, match="closed"):
             await client.respond(CONVERSATION, PROFILE)
     asyncio.run(go())
-
-
-# ----------------------------------------------------------------------------- parser properties
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.text())
-def test_parser_never_raises(text):
-    parsed = parse_reply(text)
-    assert isinstance(parsed.utterance, str)
-    assert parsed.strategy is None or isinstance(parsed.strategy, str)
-    assert parsed.parse_error is None or isinstance(parsed.parse_error, str)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.text(alphabet=st.characters(), max_size=200).filter(lambda s: s.count("{") < 20))
-def test_parser_never_raises_on_json_like_text(suffix):
-    for prefix in ('{"utterance": "', "{'utterance': '", "```json\n{", "{{[", '{"a": {"b": '):
-        assert isinstance(parse_reply(prefix + suffix).utterance, str)
-
-
-prose = st.text(alphabet="abcdefghij .,!?\n", max_size=30)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.text(), st.text(), prose, prose, st.booleans(), st.booleans(), st.booleans())
-def test_parser_round_trips_well_formed_json(utterance, strategy, before, after, fence, ascii_only, indent):
-    obj = json.dumps({"utterance": utterance, "strategy": strategy}, ensure_ascii=ascii_only,
-                     indent=2 if indent else None)
-    text = f"{before}```json\n{obj}\n```{after}" if fence else f"{before}{obj}{after}"
-    assert parse_reply(text) == (parse_reply(text).__class__)(utterance, strategy, None)
 
 
 def test_client_serves_successive_event_loops(server):

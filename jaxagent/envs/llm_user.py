@@ -10,21 +10,8 @@ OpenAI, ...) that plays the user of a task from its hidden profile.
 - **Request.** ``POST {base_url}/chat/completions`` with ``{model, messages, temperature}`` (plus
   ``max_tokens`` and ``response_format`` when configured); the reply is
   ``choices[0].message.content``.
-- **Roles flipped.** ``conversation`` is the agent's view (OpenAI messages). The simulator sees a
-  system prompt built from the profile, the agent's texts as ``user`` turns and the simulated
-  user's own past utterances as ``assistant`` turns (as JSON with their strategy when the message
-  carries a ``"strategy"`` or ``"reaction"`` key, so the model sees its own format). The agent's system prompt, tool
-  calls, tool results and ``<think>`` blocks are never shown to the user. Consecutive turns of one
-  role are merged (some servers require alternation); if the simulator's first turn would be its
-  own, ``config.opening_message`` is put before it as the agent's greeting.
-- **Reply format.** The model is asked for ``{"utterance": ..., "strategy": ...}``;
-  :func:`parse_reply` finds JSON anywhere in the text (code fences, prose around it, single
-  quotes, trailing commas, Python literals) and never raises: when no well-formed object is found
-  the utterance is the text stripped of JSON debris (or the partial ``utterance`` value of a
-  truncated object), ``strategy`` is None and ``parse_error`` says why. Only the first 100,000
-  characters are looked at (a longer reply's fallback utterance is cut there).
-- **Stop markers** (``"###STOP###"``) anywhere in the model's text set ``stop=True``; they are
-  removed from the utterance.
+- **Roles flipped** and the **system prompt**: `jaxagent.envs.user_prompt`.
+- **Reply format** and **stop markers**: `jaxagent.envs.user_reply` (`parse_reply` never raises).
 - **Failures.** Retried, with full-jitter exponential backoff
   (``uniform(0, min(backoff_max_s, backoff_base_s * 2**k))``) or at least the server's
   ``Retry-After`` (seconds or an HTTP date, capped at ``retry_after_max_s``): HTTP 408, 429 and
@@ -47,7 +34,7 @@ OpenAI, ...) that plays the user of a task from its hidden profile.
   ``max_concurrency`` queue not included; a server that trickles bytes can exceed it, since the
   read timeout bounds each read). A caller's own timeout on the call (the rollout loop's
   ``rollout.timeout_s``) must be at least that, or it cuts the client's retries short:
-  `jaxagent.config` checks it and derives the loop's timeout from it by default.
+  `jaxagent.jobs.config` checks it and derives the loop's timeout from it by default.
 - **The API key** is read from the environment variable *named* by ``api_key_env`` when the
   client is created and sent as ``Authorization: Bearer ...``. It is never logged, never in the
   repr/str of any object here, never in an error message (a server that echoes it back has it
@@ -56,7 +43,6 @@ OpenAI, ...) that plays the user of a task from its hidden profile.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import contextlib
 import contextvars
@@ -67,8 +53,6 @@ import logging
 import math
 import os
 import random
-import re
-import string
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
@@ -76,53 +60,17 @@ from typing import Any, Self
 
 import httpx
 
+from jaxagent.envs.user_prompt import flip_roles, render_system_prompt
+from jaxagent.envs.user_config import LLMUserConfig
+from jaxagent.envs.user_reply import parse_reply
+
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "DEFAULT_SYSTEM_PROMPT",
-    "FAILURE_KINDS",
-    "CallStats",
-    "LLMUserClient",
-    "LLMUserConfig",
-    "ParsedReply",
-    "ProfileError",
-    "SimulatorError",
-    "UserReply",
-    "collect_call_stats",
-    "failure_kind",
-    "flip_roles",
-    "parse_reply",
-    "parse_retry_after",
-    "render_system_prompt",
-]
+__all__ = ["FAILURE_KINDS", "CallStats", "LLMUserClient", "LLMUserConfig", "SimulatorError", "UserReply",
+           "collect_call_stats", "failure_kind", "parse_retry_after"]
 
-#: Template fields the client fills itself (a profile key of the same name is ignored).
-RESERVED_FIELDS = ("stop_marker",)
-
-DEFAULT_SYSTEM_PROMPT = """\
-You are playing a human user who is talking to an AI assistant (the agent) to get something done.
-Stay in character: you are the user, never the assistant. Your hidden goal and profile are below.
-Do not reveal everything at once; share a detail only when the agent asks for it or needs it, and
-keep each message short and natural.
-
-Your goal and profile:
-{instructions}
-
-When your goal is met, or the conversation cannot go anywhere, your utterance is exactly \
-{stop_marker}
-
-Answer with one JSON object and nothing else:
-{{"utterance": "<what you say to the agent>", "strategy": "<one short label for how you react, \
-e.g. inform, clarify, correct, reject, accept>"}}"""
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RETRYABLE_STATUS = frozenset({408, 429})
 _EXCERPT_CHARS = 300
-_MAX_PARSE_CHARS = 100_000
-_MAX_CANDIDATES = 64
-_UTTERANCE_KEYS = ("utterance", "message", "response", "text")
-_STRATEGY_KEYS = ("strategy", "reaction", "label")
-_THINK = re.compile(r"<think>.*?(</think>|\Z)", re.DOTALL)
 
 
 #: Causes of a failed HTTP attempt, as counted in `CallStats.failures` (see the module docstring).
@@ -205,134 +153,6 @@ def collect_call_stats(stats: CallStats | None = None) -> Iterator[CallStats]:
         _COLLECTORS.reset(token)
 
 
-class ProfileError(ValueError):
-    """The system-prompt template needs a field the task's user profile does not have."""
-
-
-def _check_number(name: str, value: Any, *, lo: float, lo_open: bool = False, hi: float = math.inf) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > lo if lo_open else value >= lo) and value <= hi
-    if not ok:
-        bound = f"{'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if hi != math.inf else "")
-        raise ValueError(f"LLMUserConfig.{name}={value!r}: expected a finite number {bound}")
-    return float(value)
-
-
-def _check_int(name: str, value: Any, *, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"LLMUserConfig.{name}={value!r}: expected an int >= {lo}")
-    return value
-
-
-def template_fields(template: str) -> tuple[str, ...]:
-    """The named fields of a ``str.format`` template, in order of first use. Raises ValueError
-    for a malformed template, positional fields and attribute/index access (``{a.b}``, ``{a[0]}``)."""
-    fields: list[str] = []
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as e:
-        raise ValueError(f"LLMUserConfig.system_prompt: not a valid str.format template ({e}); "
-                         "expected named fields like {instructions} and literal braces doubled ({{ }})") from None
-    for _, field, spec, _ in parsed:
-        if field is None:
-            continue
-        if not field.isidentifier():
-            raise ValueError(f"LLMUserConfig.system_prompt: field {{{field}}}: expected a plain name "
-                             "(no positional fields, attribute or index access)")
-        if spec and "{" in spec:
-            raise ValueError(f"LLMUserConfig.system_prompt: field {{{field}}} has a nested field in its format spec; "
-                             "expected a plain format spec")
-        if field not in fields:
-            fields.append(field)
-    return tuple(fields)
-
-
-@dataclasses.dataclass(frozen=True)
-class LLMUserConfig:
-    """Settings of the HTTP user simulator; validated on construction (errors name the field, the
-    value and what was expected). ``api_key_env`` is the NAME of an environment variable (None:
-    no Authorization header, as for a local vLLM/SGLang server)."""
-
-    base_url: str
-    model: str
-    temperature: float = 0.7
-    api_key_env: str | None = None
-    max_concurrency: int = 16
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 120.0
-    max_retries: int = 4
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-    retry_after_max_s: float = 120.0
-    stop_markers: tuple[str, ...] = ("###STOP###",)
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    opening_message: str = "Hi! How can I help you today?"
-    max_tokens: int | None = 512
-    json_mode: bool = False  # also send response_format={"type": "json_object"} (not every server has it)
-    trust_env: bool = True  # httpx: honour HTTP(S)_PROXY / NO_PROXY / SSL_CERT_FILE from the environment
-    seed: int | None = None  # the backoff jitter's RNG
-
-    def __post_init__(self):
-        url = self.base_url
-        if not isinstance(url, str) or not re.match(r"https?://[^/\s]+", url):
-            raise ValueError(f"LLMUserConfig.base_url={url!r}: expected an http:// or https:// URL "
-                             "such as 'http://127.0.0.1:8000/v1'")
-        object.__setattr__(self, "base_url", url.rstrip("/"))
-        if not isinstance(self.model, str) or not self.model.strip():
-            raise ValueError(f"LLMUserConfig.model={self.model!r}: expected a non-empty model name")
-        _check_number("temperature", self.temperature, lo=0.0, hi=2.0)
-        env = self.api_key_env
-        if env is not None and (not isinstance(env, str) or not _ENV_NAME.match(env)):
-            # Never echo the value: a key pasted here by mistake must not reach logs or tracebacks.
-            raise ValueError("LLMUserConfig.api_key_env=<not shown>: expected None or the NAME of an environment "
-                             "variable holding the key ([A-Za-z_][A-Za-z0-9_]*), not the key itself")
-        _check_int("max_concurrency", self.max_concurrency, lo=1)
-        _check_number("connect_timeout_s", self.connect_timeout_s, lo=0.0, lo_open=True)
-        _check_number("read_timeout_s", self.read_timeout_s, lo=0.0, lo_open=True)
-        _check_int("max_retries", self.max_retries, lo=0)
-        _check_number("backoff_base_s", self.backoff_base_s, lo=0.0)
-        _check_number("backoff_max_s", self.backoff_max_s, lo=self.backoff_base_s)
-        _check_number("retry_after_max_s", self.retry_after_max_s, lo=0.0)
-        markers = self.stop_markers
-        if isinstance(markers, str) or not isinstance(markers, Sequence) or not all(
-                isinstance(m, str) and m.strip() for m in markers):
-            raise ValueError(f"LLMUserConfig.stop_markers={markers!r}: expected a sequence of non-empty strings")
-        object.__setattr__(self, "stop_markers", tuple(markers))
-        if not isinstance(self.system_prompt, str) or not self.system_prompt.strip():
-            raise ValueError(f"LLMUserConfig.system_prompt={self.system_prompt!r}: expected a non-empty template")
-        if "stop_marker" in template_fields(self.system_prompt) and not self.stop_markers:
-            raise ValueError("LLMUserConfig.system_prompt uses {stop_marker} but stop_markers=(); "
-                             "expected at least one stop marker")
-        if not isinstance(self.opening_message, str) or not self.opening_message.strip():
-            raise ValueError(f"LLMUserConfig.opening_message={self.opening_message!r}: expected a non-empty string")
-        if self.max_tokens is not None:
-            _check_int("max_tokens", self.max_tokens, lo=1)
-        for name in ("json_mode", "trust_env"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"LLMUserConfig.{name}={getattr(self, name)!r}: expected a bool")
-        if self.seed is not None:
-            _check_int("seed", self.seed, lo=0)
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/chat/completions"
-
-    def call_budget_s(self) -> float:
-        """The most seconds one call (every attempt and backoff sleep) takes, about (module
-        docstring, "Time budget"): ``(max_retries + 1) * (connect_timeout_s + read_timeout_s)``
-        plus, for each retry k, ``max(min(backoff_max_s, backoff_base_s * 2**k), retry_after_max_s)``."""
-        sleeps = sum(max(min(self.backoff_max_s, self.backoff_base_s * 2.0 ** min(k, 60)), self.retry_after_max_s)
-                     for k in range(self.max_retries))
-        return (self.max_retries + 1) * (self.connect_timeout_s + self.read_timeout_s) + sleeps
-
-
-@dataclasses.dataclass(frozen=True)
-class ParsedReply:
-    utterance: str
-    strategy: str | None
-    parse_error: str | None
-
-
 @dataclasses.dataclass(frozen=True)
 class UserReply:
     """One simulated-user turn. ``strategy`` is the private reaction label (kept off the agent's
@@ -347,223 +167,6 @@ class UserReply:
     attempts: int
     latency_s: float
     raw: str = ""
-
-
-# ----------------------------------------------------------------------------- prompt and roles
-
-
-def render_system_prompt(template: str, profile: Mapping[str, Any], stop_markers: Sequence[str] = ("###STOP###",)) -> str:
-    """Fill ``template``'s named fields from the profile (non-string values as JSON) and
-    ``{stop_marker}`` with the first stop marker. A missing field raises :class:`ProfileError`."""
-    if not isinstance(profile, Mapping):
-        raise ProfileError(f"profile: got {type(profile).__name__}; expected a dict (the task's hidden user profile)")
-    values: dict[str, Any] = {}
-    for field in template_fields(template):
-        if field == "stop_marker" and stop_markers:
-            values[field] = stop_markers[0]
-        elif field in profile:
-            v = profile[field]
-            values[field] = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, indent=2, default=str)
-        else:
-            have = sorted(str(k) for k in profile)
-            raise ProfileError(f"profile: the system prompt template needs field {field!r}, which the profile lacks "
-                               f"(profile keys: {have}); expected a profile with keys "
-                               f"{[f for f in template_fields(template) if f not in RESERVED_FIELDS]}")
-    return template.format_map(values)
-
-
-def _text_of(content: Any, where: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
-    raise ValueError(f"{where}.content: got {type(content).__name__}; expected a str, a list of content parts or None")
-
-
-def flip_roles(conversation: Sequence[Mapping[str, Any]], opening_message: str = "Hi! How can I help you today?"
-               ) -> list[dict[str, str]]:
-    """The agent's conversation as the simulator sees it (without the system prompt): agent
-    ``assistant`` texts become ``user`` turns, simulated-user ``user`` turns become ``assistant``
-    turns; system messages, tool calls, tool results and ``<think>`` blocks are dropped; runs of
-    one role are merged; the agent's ``opening_message`` goes first when the user would open."""
-    if isinstance(conversation, (str, bytes)) or not isinstance(conversation, Sequence):
-        raise ValueError(f"conversation: got {type(conversation).__name__}; expected a list of message dicts")
-    out: list[dict[str, str]] = []
-    for i, m in enumerate(conversation):
-        where = f"conversation[{i}]"
-        if not isinstance(m, Mapping) or "role" not in m:
-            raise ValueError(f"{where}: got {type(m).__name__}; expected a dict with 'role' and 'content'")
-        role = m["role"]
-        if role in ("system", "tool"):
-            continue
-        if role == "assistant":
-            text = _THINK.sub("", _text_of(m.get("content"), where)).strip()
-            new_role = "user"
-        elif role == "user":
-            text = _text_of(m.get("content"), where).strip()
-            label = m.get("strategy", m.get("reaction"))  # envs.base.EnvMessage calls it ``reaction``
-            if label is not None:
-                text = json.dumps({"utterance": text, "strategy": label}, ensure_ascii=False)
-            new_role = "assistant"
-        else:
-            raise ValueError(f"{where}.role: got {role!r}; expected one of system, user, assistant, tool")
-        if not text:
-            continue  # an agent turn with only tool calls
-        if out and out[-1]["role"] == new_role:
-            out[-1]["content"] += "\n\n" + text
-        else:
-            out.append({"role": new_role, "content": text})
-    if not out or out[0]["role"] == "assistant":
-        out.insert(0, {"role": "user", "content": opening_message})
-    if out[-1]["role"] != "user":
-        raise ValueError("conversation: the simulated user spoke last (no agent text after its last message); "
-                         "expected an agent message to respond to")
-    return out
-
-
-# ----------------------------------------------------------------------------- reply parsing
-
-
-def _split_strings(text: str) -> list[tuple[bool, str]]:
-    """Split text into (inside_a_quoted_string, chunk) pieces, for '...' and "..." with escapes."""
-    pieces: list[tuple[bool, str]] = []
-    i, start, n = 0, 0, len(text)
-    while i < n:
-        c = text[i]
-        if c in "\"'":
-            if i > start:
-                pieces.append((False, text[start:i]))
-            j = i + 1
-            while j < n and text[j] != c:
-                j += 2 if text[j] == "\\" else 1
-            j = min(j + 1, n)
-            pieces.append((True, text[i:j]))
-            i = start = j
-        else:
-            i += 1
-    if start < n:
-        pieces.append((False, text[start:]))
-    return pieces
-
-
-def _balanced_objects(text: str):
-    """Yield balanced ``{...}`` substrings (string-aware, both quote kinds), outermost first, from
-    each of the first ``_MAX_CANDIDATES`` opening braces."""
-    starts = [m.start() for m in re.finditer(r"\{", text)][:_MAX_CANDIDATES]
-    for s in starts:
-        depth, i, n, quote = 0, s, len(text), None
-        while i < n:
-            c = text[i]
-            if quote:
-                if c == "\\":
-                    i += 1
-                elif c == quote:
-                    quote = None
-            elif c in "\"'":
-                # an apostrophe inside a word ("I'm") is not a quote outside strings
-                if c == "'" and i > 0 and text[i - 1].isalnum():
-                    pass
-                else:
-                    quote = c
-            elif c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    yield text[s:i + 1]
-                    break
-            i += 1
-
-
-def _loads_lenient(candidate: str) -> Any:
-    try:
-        return json.loads(candidate, strict=False)
-    except ValueError:
-        pass
-    pieces = _split_strings(candidate)
-    no_trailing = "".join(c if q else re.sub(r",(\s*[}\]])", r"\1", c) for q, c in pieces)
-    try:
-        return json.loads(no_trailing, strict=False)
-    except ValueError:
-        pass
-    words = {"true": "True", "false": "False", "null": "None"}
-    pythonic = "".join(c if q else re.sub(r"\b(true|false|null)\b", lambda m: words[m.group(1)], c) for q, c in pieces)
-    return ast.literal_eval(pythonic)
-
-
-def _field(obj: Mapping, keys: Sequence[str]) -> tuple[str | None, Any]:
-    for k in keys:
-        if k in obj and obj[k] is not None:
-            return k, obj[k]
-    return None, None
-
-
-def _as_text(v: Any) -> str:
-    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
-
-
-def _strip_debris(text: str) -> str:
-    """The user's words in a reply whose JSON is malformed: the (possibly unterminated) value of an
-    utterance key if there is one, else the text without fences, braces and quoted keys."""
-    m = re.search(r"""["']?(?:utterance|message|response|text)["']?\s*:\s*(["'])""", text)
-    if m:
-        quote, j, n, out = m.group(1), m.end(), len(text), []
-        while j < n and text[j] != quote:
-            if text[j] == "\\" and j + 1 < n:
-                nxt = text[j + 1]
-                out.append({"n": "\n", "t": "\t", "r": ""}.get(nxt, nxt))
-                j += 2
-            else:
-                out.append(text[j])
-                j += 1
-        value = "".join(out).strip()
-        if value:
-            return value
-    t = re.sub(r"```[A-Za-z0-9_-]*", " ", text)
-    t = re.sub(r"""["'][A-Za-z_][\w ]*["']\s*:""", " ", t)
-    t = re.sub(r"[{}]", " ", t)
-    t = "\n".join(" ".join(line.split()) for line in t.splitlines())
-    return t.strip().strip(",\"' \n").strip()
-
-
-def parse_reply(text: str) -> ParsedReply:
-    """Parse the simulator's ``{"utterance": ..., "strategy": ...}`` reply from model text. Never
-    raises. Well-formed JSON (anywhere in the text) round-trips exactly; see the module docstring
-    for what is tolerated and the fallback."""
-    try:
-        return _parse_reply(text)
-    except Exception as e:  # noqa: BLE001 - the parser must never raise on model text
-        raw = text if isinstance(text, str) else str(text)
-        return ParsedReply(raw.strip(), None, f"parser failure ({type(e).__name__})")
-
-
-def _parse_reply(text: str) -> ParsedReply:
-    if not isinstance(text, str):
-        text = "" if text is None else str(text)
-    if not text.strip():
-        return ParsedReply("", None, "empty reply")
-    clipped = text[:_MAX_PARSE_CHARS]
-    candidates = [clipped.strip()] if clipped.strip().startswith("{") else []
-    found_object = False
-    for candidate in [*candidates, *_balanced_objects(clipped)]:
-        try:
-            obj = _loads_lenient(candidate)
-        except Exception:  # noqa: BLE001, S112 - ValueError, SyntaxError, RecursionError, MemoryError ...
-            continue
-        if not isinstance(obj, Mapping):
-            continue
-        found_object = True
-        key, utterance = _field(obj, _UTTERANCE_KEYS)
-        if key is None:
-            continue
-        _, strategy = _field(obj, _STRATEGY_KEYS)
-        error = None if strategy is not None else "JSON reply has no 'strategy' field"
-        return ParsedReply(_as_text(utterance), None if strategy is None else _as_text(strategy), error)
-    reason = ("JSON object without an 'utterance' field" if found_object
-              else "malformed JSON reply" if "{" in clipped else "no JSON object in reply")
-    return ParsedReply(_strip_debris(clipped), None, reason)
 
 
 # ----------------------------------------------------------------------------- HTTP client

@@ -43,7 +43,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from jaxagent.envs.llm_user import DEFAULT_SYSTEM_PROMPT, LLMUserClient, LLMUserConfig
+from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
+from jaxagent.envs.user_prompt import DEFAULT_SYSTEM_PROMPT
 from jaxagent.envs.tau2_retail.scoring import communicate_reward
 from jaxagent.envs.tau2_retail.tasks import Task, render_scenario
 
