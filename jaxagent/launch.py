@@ -1,6 +1,6 @@
 """``python -m jaxagent.launch [--config FILE] [key=value ...]``: the project's entry point.
 
-With no arguments it runs the quickstart (the defaults of `jaxagent.config.RunConfig`): a tiny
+With no arguments it runs the quickstart (the defaults of `jaxagent.jobs.config.RunConfig`): a tiny
 Qwen-architecture model over the gyms' small tokenizer, an SFT warm start on expert
 demonstrations mixed with noise, then InfoPO RL on the intention gym, evaluated on held-out
 tasks before and after, everything written to ``runs/quickstart/``.
@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from jaxagent import configlib
-from jaxagent.config import JOBS, RunConfig, load_config
+from jaxagent.jobs.config import JOBS, RunConfig, load_config
 from jaxagent.models.hf import CheckpointError
 from jaxagent.rollout.loop import EpisodeBudgetError
 from jaxagent.text.tokenizer import TokenizerError
@@ -94,7 +94,7 @@ def dry_run(cfg: RunConfig) -> dict:
     from jaxagent.models import LogicalRules, make_mesh
     from jaxagent.models.qwen import init_params, param_logical_axes
     from jaxagent.models.sharding import MESH_AXES
-    from jaxagent.train.jobs import model_config
+    from jaxagent.jobs import model_config
 
     here = len(jax.devices())
     dims = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor]
@@ -117,7 +117,7 @@ def dry_run(cfg: RunConfig) -> dict:
         qcfg = preset(cfg.model.preset, dtype=model_config(dataclasses.replace(
             cfg, model=dataclasses.replace(cfg.model, path=None)), 64).dtype)
     else:
-        from jaxagent.train.jobs import build_tokenizer
+        from jaxagent.jobs import build_tokenizer
 
         qcfg = model_config(cfg, build_tokenizer(cfg).vocab_size)
     abstract = jax.eval_shape(lambda k: init_params(k, qcfg), jax.random.key(0))
@@ -161,8 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print(json.dumps(dry_run(cfg), indent=2))
             return 0
+        from jaxagent.models.sharding import initialize_distributed
+
+        initialize_distributed(cfg.mesh)  # multi-host runs (docs/PODS.md): before any other JAX call
+        check_processes(cfg)
         check_mesh(cfg)
-        from jaxagent.train.jobs import run_job
+        from jaxagent.jobs import run_job
 
         summary = run_job(cfg)
     except (configlib.ConfigError, EpisodeBudgetError) as e:  # found once files, devices or the first prompt are seen
@@ -187,7 +191,7 @@ def check_paths(cfg: RunConfig, *, dry_run: bool = False) -> None:
     """``model.path`` and ``tokenizer`` exist. Before a download (``--dry-run``) a checkpoint
     directory that is not here yet is let through, with the tokenizer when it is that same
     directory: `dry_run` then takes the preset's shapes and says so."""
-    from jaxagent.config import BUILTIN_TOKENIZER
+    from jaxagent.jobs.config import BUILTIN_TOKENIZER
 
     m = cfg.model
     model_absent = m.path is not None and not Path(m.path).is_dir()
@@ -202,9 +206,23 @@ def check_paths(cfg: RunConfig, *, dry_run: bool = False) -> None:
                                         f"tokenizer.model, or {BUILTIN_TOKENIZER!r}")
 
 
+def check_processes(cfg: RunConfig) -> None:
+    """A job runs in one process: the in-flight rollout engine behind every policy job (the
+    evaluations, RL's episodes) is driven by one host, so in a multi-process run the processes
+    would issue different programs and wait on each other forever. The update step and the
+    checkpoints do run on a multi-process mesh (tests/test_distributed.py; docs/PODS.md)."""
+    import jax
+
+    if jax.process_count() > 1:
+        raise configlib.ConfigError(
+            f"mesh.distributed={cfg.mesh.distributed}: this launch is one of {jax.process_count()} processes; the jobs "
+            "run in one process (their rollout engine is driven by one host), expected one process with all its "
+            "devices (mesh.distributed=false), see docs/PODS.md")
+
+
 def check_mesh(cfg: RunConfig) -> None:
-    """``mesh.*`` can be laid on this machine's devices (``--dry-run`` instead builds an abstract
-    mesh of the size asked for)."""
+    """``mesh.*`` can be laid on the run's devices (all processes' in a multi-host run;
+    ``--dry-run`` instead builds an abstract mesh of the size asked for)."""
     import jax
 
     try:

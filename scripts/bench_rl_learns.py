@@ -82,7 +82,7 @@ def log(msg: str) -> None:
 
 def run_records(run_dir: Path) -> dict[str, Any]:
     """One RL run's figures: the training records by iteration and the before/after evaluations."""
-    from jaxagent.train.report import read_metrics
+    from jaxagent.eval.report import read_metrics
 
     recs = read_metrics(run_dir / "metrics.jsonl")
     rl = {int(r["step"]): r for r in recs if r.get("phase") == "rl"}

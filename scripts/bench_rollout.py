@@ -120,7 +120,7 @@ def main(argv=None) -> dict:
     tasks = {f"task{i}": {"profile": {"instructions": f"you want trip {i}"}, "opening": "i need a trip"}
              for i in range(args.tasks)}
     sp = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_tokens=tuple(tok.eos_token_ids))
-    # the loop's per-call timeout covers the client's own retries (jaxagent.config.check_timeout)
+    # the loop's per-call timeout covers the client's own retries (jaxagent.jobs.config.check_timeout)
     ep_cfg = EpisodeConfig(max_turns=args.turns, max_tokens=args.capacity, retries=1,
                            timeout_s=user_cfg.call_budget_s() + 30.0)
     n_episodes = args.tasks * args.group

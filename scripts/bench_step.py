@@ -5,7 +5,7 @@
     python3 scripts/bench_step.py --tasks-per-step 4 --reps 7
     python3 scripts/bench_step.py --set model.path=runs/<run>/hf      # any RunConfig override
 
-The run is built as ``python -m jaxagent.launch`` builds it (`jaxagent.train.jobs`: the config's
+The run is built as ``python -m jaxagent.launch`` builds it (`jaxagent.jobs`: the config's
 tokenizer, model, gym and generation engine; default: the quickstart's tiny-qwen2 with random
 weights on the intention gym, the builtin gyms tokenizer). One batch of episodes
 (``--tasks-per-step`` tasks x ``--group-size``) is sampled with the policy (temperature 1). Then,
@@ -53,13 +53,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.config import load_config
+from jaxagent.jobs.config import load_config
 from jaxagent.configlib import ConfigError
-from jaxagent.credit.infogain import compute_infogain, infogain_valid_turns, packed_length
+from jaxagent.credit.infogain import infogain_valid_turns
+from jaxagent.rollout.batch import packed_length
+from jaxagent.train.infogain import compute_infogain
 from jaxagent.models import LogicalRules, make_mesh, preset_names
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.trajectory import collate
-from jaxagent.train.jobs import (
+from jaxagent.jobs import (
     build_env,
     build_model,
     build_tokenizer,
@@ -167,7 +169,7 @@ def main(argv=None) -> dict:
         f"{cfg.rl.minibatch_size or n_batch}, ppo_epochs {cfg.rl.ppo_epochs}, info-gain mode {cfg.infopo.mode}")
 
     def rollout():  # the policy of state0, whatever the trainers have done since
-        trainers["grpo"].state = jax.tree.map(jnp.copy, state0)
+        trainers["grpo"].restore({"state": jax.tree.map(jnp.copy, state0), "ref": trainers["grpo"].ref_params})
         return trainers["grpo"].rollout(tasks, k_roll)
 
     # --- the batch
@@ -201,7 +203,7 @@ def main(argv=None) -> dict:
         log(f"[{'timed' if timed else 'warmup'} {rnd}] rollout: {dt:.3f}s")
         for m in (("grpo", "infopo") if rnd % 2 == 0 else ("infopo", "grpo")):
             tr = trainers[m]
-            tr.state = jax.tree.map(jnp.copy, state0)
+            tr.restore({"state": jax.tree.map(jnp.copy, state0), "ref": tr.ref_params})
             jax.block_until_ready(tr.state)
             c0 = compiles.n
             t0 = time.perf_counter()

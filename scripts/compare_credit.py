@@ -160,7 +160,7 @@ def _last_per_key(records: Sequence[Mapping[str, Any]], phase: str) -> list[Mapp
 
 def run_figures(records: Sequence[Mapping[str, Any]], *, threshold: float, threshold_on: str = "eval",
                 rl_steps: int | None = None) -> dict[str, Any]:
-    """The figures of one RL run from its metrics records (`jaxagent.train.report.read_metrics`):
+    """The figures of one RL run from its metrics records (`jaxagent.eval.report.read_metrics`):
     ``train_success`` [(iteration, success)], ``eval_success`` [(iterations done, success, label)],
     ``before``/``final`` held-out success, ``final_by_task`` {task: success}, ``steps`` (RL
     iterations: ``rl_steps`` or the final evaluation's step), ``steps_to_threshold`` (None:
@@ -277,7 +277,7 @@ def rl_overrides(user: Sequence[str], *, runs_dir: str, prefix: str, gym: str, s
 
 def _plain_config(config_file: str | None, overrides: Sequence[str]) -> dict[str, Any]:
     from jaxagent import configlib
-    from jaxagent.config import load_config
+    from jaxagent.jobs.config import load_config
 
     d = configlib.to_dict(load_config(config_file, overrides))
     for k in IGNORED_IN_CONFIG_CHECK:
@@ -307,7 +307,7 @@ def check_existing(run_dir: Path, expected: Mapping[str, Any]) -> None:
     import yaml
 
     from jaxagent import configlib
-    from jaxagent.config import RunConfig
+    from jaxagent.jobs.config import RunConfig
 
     have = yaml.safe_load(path.read_text()) or {}
     for k in IGNORED_IN_CONFIG_CHECK:
@@ -388,8 +388,8 @@ def launch_in_process(overrides: Sequence[str], config_file: str | None, run_dir
     failure's traceback goes to ``<run_dir>/launch.log``."""
     import traceback
 
-    from jaxagent.config import load_config
-    from jaxagent.train.jobs import run_job
+    from jaxagent.jobs.config import load_config
+    from jaxagent.jobs import run_job
 
     run_dir.mkdir(parents=True, exist_ok=True)
     overrides = list(overrides) + (["resume=true"] if (run_dir / "metrics.jsonl").exists() else [])
@@ -463,7 +463,7 @@ def run_grid(*, gyms: Sequence[str], seeds: Sequence[int], conditions: Sequence[
 def collect(*, gyms, seeds, conditions, runs_dir: str, prefix: str, threshold: float, threshold_on: str
             ) -> dict[str, dict[str, dict[int, dict[str, Any]]]]:
     """gym -> condition -> seed -> figures (+ name, wall_seconds), for the runs that finished."""
-    from jaxagent.train.report import read_metrics
+    from jaxagent.eval.report import read_metrics
 
     out: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
     for g in gyms:
@@ -560,7 +560,7 @@ def machine() -> dict[str, Any]:
 def write_results(path: Path, *, command: str, info: Mapping[str, Any], overrides: Sequence[str],
                   args: argparse.Namespace, data, comps, failed: Sequence[str]) -> None:
     dirty = " (with uncommitted changes)" if info["dirty"] else ""
-    config = "the quickstart defaults (`jaxagent/config.py`)" + (f", `--config {args.config}`" if args.config else "")
+    config = "the quickstart defaults (`jaxagent/jobs/config.py`)" + (f", `--config {args.config}`" if args.config else "")
     config += (", overrides `" + " ".join(overrides) + "`") if overrides else ", no overrides"
     wall = ("; with a shared JAX compilation cache, so runs after the first of a shape skip compiling"
             if args.compile_cache else "; every run compiles its own programs")

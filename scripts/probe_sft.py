@@ -23,13 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.config import load_config
+from jaxagent.jobs.config import load_config
 from jaxagent.envs.gyms.demos import expert_demos, render_demo
 from jaxagent.envs.gyms.intention import DOMAINS
 from jaxagent.models import LogicalRules, make_mesh
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.train import jobs
-from jaxagent.train.evaluate import evaluate
+from jaxagent import jobs
+from jaxagent.eval.rollouts import evaluate
 from jaxagent.train.step import TrainState, learning_rate, make_optimizer, make_update, sequence_scores, sft_loss_fn
 
 args = sys.argv[1:]

@@ -130,7 +130,7 @@ def test_overrides_pass_through_and_condition_keys_win():
     assert {"job=rl", "name=p_telepathy_s2_infopo-no-gate", "rl.credit=infopo", "infopo.use_gate=false",
             "env.gym=telepathy", "steps=16"} <= set(rl)
     # every condition is a valid config, and the ablations are what they say
-    from jaxagent.config import load_config
+    from jaxagent.jobs.config import load_config
 
     for cond in cc.CONDITIONS:
         cfg = load_config(None, cc.rl_overrides(user[:1], runs_dir="R", prefix="p", gym="intention", seed=0,
@@ -171,7 +171,7 @@ def _fake_launcher(calls, fail=()):
             return {"rc": 1, "process_s": 0.0}
         run_dir.mkdir(parents=True, exist_ok=True)
         from jaxagent import configlib
-        from jaxagent.config import load_config
+        from jaxagent.jobs.config import load_config
 
         (run_dir / "config.yaml").write_text(configlib.dump_yaml(load_config(config_file, overrides)))
         recs = [{"phase": "eval", "step": 0, "label": "before", "success": 0.0},

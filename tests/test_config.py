@@ -7,7 +7,7 @@ import pytest
 
 from jaxagent import configlib
 from jaxagent.configlib import ConfigError
-from jaxagent.config import RunConfig, load_config
+from jaxagent.jobs.config import RunConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def test_initializer_range_reaches_the_random_weights():
     import numpy as np
 
     from jaxagent.models import LogicalRules, make_mesh
-    from jaxagent.train import jobs
+    from jaxagent import jobs
 
     assert RunConfig().model.initializer_range == 0.05
     stds = {}
@@ -82,7 +82,7 @@ def test_initializer_range_reaches_the_random_weights():
 def test_sft_optimizer_has_its_own_warmup():
     """The SFT phase warms up by sft.warmup_steps whatever the RL optimizer's warmup (the quickstart's
     SFT needs 10 steps for the copy circuit to form; its RL phase has none); null: optim's."""
-    from jaxagent.train.jobs import sft_optim
+    from jaxagent.jobs import sft_optim
 
     o = sft_optim(load_config())
     assert (o.lr, o.warmup_steps, o.schedule, o.decay_steps) == (1e-2, 10, "cosine", 590)

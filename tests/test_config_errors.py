@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxagent import configlib
-from jaxagent.config import load_config
+from jaxagent.jobs.config import load_config
 from jaxagent.launch import main
 from jaxagent.models import preset, save_pretrained
 from jaxagent.models.hf import CheckpointError, load_pretrained

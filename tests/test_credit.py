@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jaxagent.credit.batch import CreditBatch
+from jaxagent.rollout.batch import Row
+from jaxagent.rollout.batch import build_batch as build_host_batch
 from jaxagent.credit.fusion import (
     InfoPOConfig,
     broadcast_turns,
@@ -45,58 +46,29 @@ def z(x, mean, std, eps=EPS):
 
 # ----------------------------------------------------------------------------- a hand-built batch
 def build_batch(rollouts, rewards, groups, *, T, Q, L, prompt=2):
-    """A CreditBatch laid out as conversations: per rollout a prompt (ending in the first user
-    message), then per turn ``(action_len, feedback_len, kind, label)``: the action's tokens, one
-    template token, the feedback content (``kind`` "user" / "tool" / None = no feedback), one
-    template token. A user message ends the current U2U segment with ``label``'s polarity; the
-    segment after the last user message has no reaction (invalid)."""
-    B = len(rollouts)
-    tokens = np.zeros((B, L), np.int32)
-    pad = np.zeros((B, L), np.float32)
-    loss = np.zeros((B, L), np.float32)
-    turn_idx = np.full((B, L), -1, np.int32)
-    seg_idx = np.full((B, L), -1, np.int32)
-    act = np.zeros((B, T, 2), np.int32)
-    fb = np.zeros((B, T, 2), np.int32)
-    tvalid = np.zeros((B, T), bool)
-    pol = np.zeros((B, Q), np.float32)
-    svalid = np.zeros((B, Q), bool)
-    for b, turns in enumerate(rollouts):
-        pos, q = prompt, 0
+    """A CreditBatch laid out as conversations (through the one batch builder): per rollout a
+    prompt (ending in the first user message), then per turn ``(action_len, feedback_len, kind,
+    label)``: the action's tokens, one template token, the feedback content (``kind`` "user" /
+    "tool" / None = no feedback), one template token. A user message ends the current U2U segment
+    with ``label``'s polarity; the segment after the last user message has no reaction (invalid)."""
+    rows = []
+    for turns, reward, group in zip(rollouts, rewards, groups):
+        pos, actions, feedback, segments, current = prompt, [], [], [], []
         for t, (a, f, kind, label) in enumerate(turns):
-            act[b, t] = (pos, pos + a)
-            tvalid[b, t] = True
-            loss[b, pos : pos + a] = 1
-            turn_idx[b, pos : pos + a] = t
-            seg_idx[b, pos : pos + a] = q
+            actions.append((pos, pos + a))
+            current.append(t)
             pos += a + 1
-            if kind is None:
-                fb[b, t] = (pos, pos)
-            else:
-                fb[b, t] = (pos, pos + f)
-                pos += f
-            pos += 1
+            feedback.append((pos, pos) if kind is None else (pos, pos + f))
+            pos += (0 if kind is None else f) + 1
             if kind == "user":
-                pol[b, q] = polarity_of(label)
-                svalid[b, q] = True
-                q += 1
+                segments.append((current, float(polarity_of(label))))
+                current = []
+        if current:
+            segments.append((current, None))
         assert pos <= L
-        tokens[b, :pos] = 1 + (np.arange(pos) % 7)
-        pad[b, :pos] = 1
-    return CreditBatch(
-        tokens_BL=jnp.asarray(tokens),
-        pad_mask_BL=jnp.asarray(pad),
-        loss_mask_BL=jnp.asarray(loss),
-        turn_idx_BL=jnp.asarray(turn_idx),
-        action_span_BT2=jnp.asarray(act),
-        feedback_span_BT2=jnp.asarray(fb),
-        turn_valid_BT=jnp.asarray(tvalid),
-        segment_idx_BL=jnp.asarray(seg_idx),
-        segment_polarity_BQ=jnp.asarray(pol),
-        segment_valid_BQ=jnp.asarray(svalid),
-        reward_B=jnp.asarray(rewards, jnp.float32),
-        group_id_B=jnp.asarray(groups, jnp.int32),
-    ).check()
+        rows.append(Row(tokens=1 + (np.arange(pos) % 7), actions=actions, feedback=feedback, segments=segments,
+                        reward=reward, group=group))
+    return build_host_batch(rows, length=L, turns=T, segments=Q).credit_batch()
 
 
 # Two groups of two. Group 0 has rewards 1, 0 (A_ext = +-0.5/(0.5+eps), gate sigmoid(-1)); group 1

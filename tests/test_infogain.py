@@ -10,13 +10,10 @@ import numpy as np
 import pytest
 
 from jaxagent.credit.batch import CreditBatch
-from jaxagent.credit.infogain import (
-    compute_infogain,
-    infogain_shared_prefix,
-    infogain_valid_turns,
-    packed_length,
-)
-from jaxagent.credit.synthetic import synthetic_batch
+from jaxagent.credit.infogain import infogain_shared_prefix, infogain_valid_turns
+from jaxagent.rollout.batch import packed_length
+from jaxagent.rollout.synthetic import synthetic_batch
+from jaxagent.train.infogain import compute_infogain
 from jaxagent.models import init_params, preset, token_logprobs
 
 CFG = preset("tiny-qwen3", vocab_size=64, max_position_embeddings=256)
@@ -194,9 +191,9 @@ def test_packed_len_too_small_is_an_error_and_calls_reuse_the_compilation():
     with pytest.raises(ValueError, match=f"packed_len={need - 1}: expected >= {need}"):
         compute_infogain(p, batch, PH, config=CFG, packed_len=need - 1)
     compute_infogain(p, batch, PH, config=CFG)
-    before = ig._shared_prefix_jit._cache_size()
+    before = ig.shared_prefix_jit._cache_size()
     compute_infogain(p, batch, PH, config=CFG)
-    assert ig._shared_prefix_jit._cache_size() == before
+    assert ig.shared_prefix_jit._cache_size() == before
 
 
 @pytest.mark.parametrize("mode", ["vmapped", "shared_prefix"])

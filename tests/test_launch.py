@@ -84,7 +84,7 @@ def test_small_job_writes_the_run_and_resumes(tmp_path, capsys):
 
 @pytest.mark.parametrize("tty", [True, False])
 def test_run_log_shows_live_figures_and_reads_back_past_a_cut_record(tmp_path, capsys, tty):
-    from jaxagent.train.jobs import RunLog
+    from jaxagent.jobs import RunLog
 
     log = RunLog(tmp_path / "run", progress=True, tty=tty)
     log.start("rl", 3)

@@ -9,8 +9,8 @@ import struct
 import numpy as np
 import pytest
 
-from jaxagent.train import report
-from jaxagent.train.report import (
+from jaxagent.eval import report
+from jaxagent.eval.report import (
     TensorBoardWriter,
     export_tensorboard,
     gain_by_turn_matrix,

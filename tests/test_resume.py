@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from jaxagent.train.checkpoint import PAUSE_ENV, PAUSE_MARKER
-from jaxagent.train.report import read_metrics
+from jaxagent.eval.report import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 4

@@ -13,7 +13,8 @@ from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.loop import EpisodeConfig
 from jaxagent.text import load_tokenizer
-from jaxagent.train.rl import RLSettings, RLTrainer, episode_metrics
+from jaxagent.rollout.metrics import episode_metrics
+from jaxagent.train.rl import RLSettings, RLTrainer
 from jaxagent.train.step import OptimSettings, TrainState, make_optimizer
 from tests.conftest import FIXTURES
 
@@ -106,7 +107,7 @@ def test_settings_errors_name_the_field():
 
 
 def test_evaluate_averages_k_runs_per_task():
-    from jaxagent.train.evaluate import evaluate
+    from jaxagent.eval.rollouts import evaluate
 
     params = init_params(jax.random.key(0), CFG)
     engine = GenerationEngine(params, CFG, slots=4, capacity=1024, decode_steps=4)

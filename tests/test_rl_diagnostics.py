@@ -10,10 +10,10 @@ import numpy as np
 import optax
 import pytest
 
-from jaxagent.config import load_config
+from jaxagent.jobs.config import load_config
 from jaxagent.credit.fusion import zero_advantage_group_share
-from jaxagent.train.jobs import attribution
-from jaxagent.train.report import diagnostics_figure, plot_run, summary_table
+from jaxagent.jobs import attribution
+from jaxagent.eval.report import diagnostics_figure, plot_run, summary_table
 from jaxagent.train.step import TrainState, make_update
 
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxagent.config import load_config
+from jaxagent.jobs.config import load_config
 from jaxagent.configlib import ConfigError
 from jaxagent.credit.fusion import fuse
 from jaxagent.credit.losses import PPOConfig
@@ -32,7 +32,7 @@ from jaxagent.rollout.engine import EngineResult, GenerationEngine
 from jaxagent.rollout.loop import EpisodeConfig, run_episode
 from jaxagent.rollout.trajectory import Trajectory
 from jaxagent.text import load_tokenizer
-from jaxagent.train.jobs import tokenizer_path
+from jaxagent.jobs import tokenizer_path
 from jaxagent.train.rl import RLSettings, RLTrainer, sampler_view
 from jaxagent.train.step import OptimSettings, TrainState, make_optimizer, sequence_scores
 from tests.conftest import FIXTURES

@@ -1,4 +1,4 @@
-"""The run directory's guards (`jaxagent.train.resume`) and the runs that must not end well.
+"""The run directory's guards (`jaxagent.jobs.resume`) and the runs that must not end well.
 
 - a resume with a changed config is refused, the differing dotted keys listed (old -> new),
   unless ``resume_overrides`` names them; every config a run used is kept (``config.yaml``,
@@ -21,10 +21,13 @@ import pytest
 import yaml
 
 from jaxagent import configlib
-from jaxagent.config import load_config
+from jaxagent.jobs.config import load_config
 from jaxagent.launch import main
-from jaxagent.train import jobs, report, rl, step
-from jaxagent.train.resume import (ResumeError, after_checkpoint, check_not_shortened, check_run_dir, config_diff,
+from jaxagent import jobs
+from jaxagent.eval import report
+from jaxagent.jobs import phases
+from jaxagent.train import rl, step
+from jaxagent.jobs.resume import (ResumeError, after_checkpoint, check_not_shortened, check_run_dir, config_diff,
                                    record_config, truncate_metrics)
 
 SMALL = ["eval.tasks=2", "rollout.max_turns=3", "rollout.slots=4", "rollout.max_new_tokens=32",
@@ -170,7 +173,7 @@ def _nan(loss_fn):
 
 
 def test_sft_whose_updates_are_skipped_exits_non_zero(tmp_path, monkeypatch):
-    monkeypatch.setattr(jobs, "sft_loss_fn", lambda *a, **k: _nan(step.sft_loss_fn(*a, **k)))
+    monkeypatch.setattr(phases, "sft_loss_fn", lambda *a, **k: _nan(step.sft_loss_fn(*a, **k)))
     argv = SFT + ["sft.steps=5", f"runs_dir={tmp_path}", "name=nan"]
     with pytest.raises(SystemExit) as info:
         main(argv)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from jaxagent import configlib
-from jaxagent.config import load_config
+from jaxagent.jobs.config import load_config
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.envs.base import AgentMessage
 from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig, SimulatorError, collect_call_stats
@@ -30,14 +30,8 @@ from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.loop import EpisodeConfig, _call, run_episodes
 from jaxagent.rollout.trajectory import Trajectory
 from jaxagent.text import load_tokenizer
-from jaxagent.train.rl import (
-    FailureBudget,
-    RLSettings,
-    RLTrainer,
-    SimulatorFailureBudget,
-    episode_metrics,
-    failure_causes,
-)
+from jaxagent.rollout.metrics import episode_metrics, failure_causes
+from jaxagent.train.rl import FailureBudget, RLSettings, RLTrainer, SimulatorFailureBudget
 from jaxagent.train.step import OptimSettings, TrainState, make_optimizer
 from tests.conftest import FIXTURES
 from tests.loopback import LoopbackServer
@@ -347,7 +341,7 @@ LLM_USER = ["job=rl", "env.kind=llm_user", "env.user_tasks=tasks.json", "env.llm
 
 
 def test_timeout_budget_rule_names_both_keys_and_derives_the_default():
-    from jaxagent.train.jobs import episode_config
+    from jaxagent.jobs import episode_config
 
     c = LLMUserConfig(base_url="http://x", model="m")  # 5 x (10 + 120) + 4 x max(min(30, 0.5 * 2**k), 120)
     assert c.call_budget_s() == 5 * 130 + 4 * 120
@@ -406,7 +400,7 @@ def test_failure_budget_counts_consecutive_failing_iterations():
 
 
 def test_an_evaluation_that_failed_entirely_stops_the_run_before_training(capsys):
-    from jaxagent.train.jobs import _check_eval_failures
+    from jaxagent.jobs.evaluate import _check_eval_failures
 
     failed = [_failed({"sim_failures": {"connection": 3}})] * 2
     _check_eval_failures([_ok(), *failed], "before", 0)  # not all failed: fine

@@ -824,8 +824,8 @@ def test_endpoint_agent_plays_through_openai_tool_calls():
 
 def test_endpoint_eval_gives_the_agent_the_environments_prompt_not_the_user_simulators(tmp_path, capsys):
     from jaxagent import configlib
-    from jaxagent.config import load_config
-    from jaxagent.envs.llm_user import DEFAULT_SYSTEM_PROMPT
+    from jaxagent.jobs.config import load_config
+    from jaxagent.envs.user_prompt import DEFAULT_SYSTEM_PROMPT
     from jaxagent.envs.tau2_retail.agents import EndpointConfig
     from jaxagent.envs.tau2_retail.env import system_prompt
     from jaxagent.launch import main
@@ -949,9 +949,9 @@ def test_a_judge_failure_is_retried_and_the_ending_resumes():
 
 
 def test_evaluate_host_contains_a_failing_reset(monkeypatch):
-    from jaxagent.config import Tau2Section
+    from jaxagent.jobs.config import Tau2Section
     from jaxagent.envs.tau2_retail import env as env_module
-    from jaxagent.envs.tau2_retail.harness import EnvFactory, evaluate_host
+    from jaxagent.envs.tau2_retail.harness import Tau2EnvFactory, evaluate_host
 
     real = env_module.scoring.initial_db
     calls = []
@@ -963,8 +963,8 @@ def test_evaluate_host_contains_a_failing_reset(monkeypatch):
         return real(task, data_dir)
 
     monkeypatch.setattr(env_module.scoring, "initial_db", flaky_initial_db)
-    factory = EnvFactory(Tau2Section(tasks="0,1,2"))
-    factory.record = False
+    factory = Tau2EnvFactory(Tau2Section(tasks="0,1,2"))
+    factory.record(False)
     reports = run(evaluate_host(factory, OracleAgent, k=1, concurrency=2))
     by = {r["task_id"]: r for r in reports}
     assert set(by) == {"0", "1", "2"}

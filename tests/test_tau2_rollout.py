@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from jaxagent import configlib
-from jaxagent.config import Tau2Section, load_config
+from jaxagent.jobs.config import Tau2Section, load_config
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.credit.reaction import DEFAULT_POLARITY
-from jaxagent.envs.tau2_retail.harness import EnvFactory, per_task, summarize
+from jaxagent.envs.tau2_retail.harness import Tau2EnvFactory, per_task, summarize
 from jaxagent.launch import expand_alias, main
 from jaxagent.models import init_params, preset
 from jaxagent.models.generate import SamplingParams
@@ -37,7 +37,7 @@ def _engine(params):
 
 
 def test_tiny_model_episodes_are_well_formed_and_collate():
-    factory = EnvFactory(Tau2Section(tasks="0,1"))
+    factory = Tau2EnvFactory(Tau2Section(tasks="0,1"))
     params = init_params(jax.random.key(0), CFG)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=16, stop_tokens=tuple(TOK.eos_token_ids))
     trajs = asyncio.run(run_episodes(_engine(params), factory, TOK, factory.task_ids, group_size=2,
@@ -71,8 +71,8 @@ def test_tiny_model_episodes_are_well_formed_and_collate():
 
 
 def test_rl_iteration_infopo_faca_on_tau2():
-    factory = EnvFactory(Tau2Section(tasks="0,2"))
-    factory.record = False
+    factory = Tau2EnvFactory(Tau2Section(tasks="0,2"))
+    factory.record(False)
     params = init_params(jax.random.key(0), CFG)
     tx = make_optimizer(OptimSettings(lr=1e-3))
     # microbatches=4: the update's ~4k-token rows one at a time (gradient accumulation), so the
@@ -160,7 +160,7 @@ def test_aliases_and_config_errors():
                            "env.llm_user.model=m"])
     assert load_config(None, ["env.kind=tau2_retail", "tokenizer=x"]).job == "sft+rl"  # SFT on oracle demos
     with pytest.raises(ValueError, match="judge"):
-        EnvFactory(Tau2Section(tasks="2", scoring="tau2"))
+        Tau2EnvFactory(Tau2Section(tasks="2", scoring="tau2"))
 
 
 def test_training_config_dry_run(capsys):
@@ -199,7 +199,7 @@ class OracleEngine:
 def test_oracle_tokens_through_the_loop_reach_the_gold_db_and_group_tool_calls_in_one_segment(task_id):
     from jaxagent.rollout.loop import run_episode
 
-    factory = EnvFactory(Tau2Section(tasks=task_id))
+    factory = Tau2EnvFactory(Tau2Section(tasks=task_id))
     task = factory.tasks[task_id]
     sampling = SamplingParams(temperature=0.0, max_new_tokens=512, stop_tokens=tuple(TOK.eos_token_ids))
     traj = asyncio.run(run_episode(OracleEngine(task), factory(), TOK, task_id=task_id, seed=0, group_id=0,
@@ -237,7 +237,7 @@ def test_tiny_model_against_the_llm_customer_over_http():
     try:
         section = Tau2Section(tasks="0", customer="llm", customer_llm=LLMUserConfig(
             base_url=f"http://127.0.0.1:{srv.server_address[1]}/v1", model="customer", max_retries=0))
-        factory = EnvFactory(section)
+        factory = Tau2EnvFactory(section)
         params = init_params(jax.random.key(0), CFG)
         sampling = SamplingParams(temperature=1.0, max_new_tokens=16, stop_tokens=tuple(TOK.eos_token_ids))
         trajs = asyncio.run(run_episodes(_engine(params), factory, TOK, ["0"], group_size=1, sampling=sampling,
@@ -302,8 +302,8 @@ def test_oracle_demos_render_with_the_loss_on_the_agent_turns_only():
     from jaxagent.envs.gyms.demos import render_demo
     from jaxagent.envs.tau2_retail.agents import oracle_demos
 
-    factory = EnvFactory(Tau2Section(tasks="0,14"))
-    factory.record = False
+    factory = Tau2EnvFactory(Tau2Section(tasks="0,14"))
+    factory.record(False)
     demos = oracle_demos(factory, factory.task_ids)
     assert [d.reward for d in demos] == [1.0, 1.0]
     for d in demos:
@@ -321,7 +321,7 @@ def test_oracle_demos_render_with_the_loss_on_the_agent_turns_only():
 
 
 def test_sft_data_on_tau2_is_the_oracle_demos_of_the_selected_tasks():
-    from jaxagent.train.jobs import build_env, sft_data
+    from jaxagent.jobs import build_env, sft_data
 
     cfg = load_config(None, ["job=sft", "env.kind=tau2_retail", "tokenizer=x", "env.tau2.tasks=0:3", "sft.demos=2",
                              f"rollout.capacity={CAP * 2}", "rollout.tool_schemas_in_prompt=false"])

@@ -11,7 +11,7 @@ from jaxagent.credit.fusion import (
     variance_gate,
 )
 from jaxagent.credit.batch import CreditBatch
-from jaxagent.credit.infogain import InfoGainOutput, compute_infogain, packed_length
+from jaxagent.credit.infogain import InfoGainOutput
 from jaxagent.credit.grpo import (
     GroupStats,
     GRPOConfig,
@@ -54,8 +54,6 @@ __all__ = [
     "AGG_MODES",
     "CreditBatch",
     "InfoGainOutput",
-    "compute_infogain",
-    "packed_length",
     "DEFAULT_POLARITY",
     "DPO_LOSS_TYPES",
     "KL_ESTIMATORS",

@@ -14,8 +14,9 @@ through a_{t+1} (the chat-template tokens between them are kept). Placeholder mo
 
 Three modes with identical results (tested to 1e-5 in float32):
 
-- ``naive``: builds each turn's factual and counterfactual histories on the host and runs two
-  teacher-forced forwards per turn, in mini-batches (what the InfoPO reference code does);
+- ``naive`` (host code, `jaxagent.train.infogain.infogain_naive`): builds each turn's factual and
+  counterfactual histories on the host and runs two teacher-forced forwards per turn, in
+  mini-batches (what the InfoPO reference code does);
 - ``vmapped``: gathers all counterfactual histories [B*T, L + |PH|] on the device and scores them
   in one teacher-forcing call; the factual term comes from the trajectory's own pass;
 - ``shared_prefix``: the counterfactual shares the trajectory's tokens before o_t, so each turn's
@@ -30,12 +31,10 @@ Shapes: B trajectories, L tokens, T turns, P placeholder tokens, Lp packed lengt
 
 from __future__ import annotations
 
-import functools
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from jaxagent.credit.batch import CreditBatch
@@ -83,7 +82,8 @@ def _sum_over_action(logp_next_BL: jax.Array, span_BT2: jax.Array) -> jax.Array:
     return jnp.sum(jnp.where(inside, per_token[:, None, :], 0.0), axis=-1)  # NaN outside never leaks
 
 
-def _finish(fact, cf, act_len, valid, **extra) -> InfoGainOutput:
+def infogain_output(fact, cf, act_len, valid, **extra) -> InfoGainOutput:
+    """r_info = (factual - counterfactual sum) / |a_{t+1}| on valid turns, 0 elsewhere; [B, T] each."""
     denom = jnp.maximum(act_len, 1).astype(jnp.float32)
     r = jnp.where(valid, (fact - cf) / denom, 0.0)
     return InfoGainOutput(r, valid, jnp.where(valid, fact, 0.0), jnp.where(valid, cf, 0.0), act_len, **extra)
@@ -157,7 +157,7 @@ def infogain_vmapped(
     )
     cf = _sum_over_action(lp, cf_span.reshape(B * T, 1, 2)).reshape(B, T)
     act_len = nxt[..., 1] - nxt[..., 0]
-    return _finish(fact, cf, act_len, valid, tokens_processed=B * T * Lc)
+    return infogain_output(fact, cf, act_len, valid, tokens_processed=B * T * Lc)
 
 
 # ---------------------------------------------------------------------------- shared prefix
@@ -165,24 +165,6 @@ def _row_ends(pad_mask_BL) -> jax.Array:
     """[B]: one past each row's last real token (0 for an empty row); its suffixes start there."""
     pad = jnp.asarray(pad_mask_BL) != 0
     return jnp.max(jnp.where(pad, jnp.arange(1, pad.shape[1] + 1, dtype=jnp.int32)[None, :], 0), axis=1)
-
-
-def packed_length(batch: CreditBatch, P: int, placeholder_mode: PlaceholderMode = "replace",
-                  multiple: int = 64) -> int:
-    """Host helper: the packed length that holds every row's trajectory and all its suffixes
-    (at least the padded trajectory length L), rounded up to ``multiple`` (a static shape;
-    bucketing limits recompilation)."""
-    fb = np.asarray(batch.feedback_span_BT2)
-    act = np.asarray(batch.action_span_BT2)
-    nxt_end = np.concatenate([act[:, 1:, 1], np.zeros_like(act[:, :1, 1])], axis=1)
-    valid = np.asarray(infogain_valid_turns(batch))
-    pad = np.asarray(batch.pad_mask_BL) != 0
-    L = pad.shape[1]
-    ends = np.where(pad.any(axis=1), L - np.argmax(pad[:, ::-1], axis=1), 0)
-    r_len = np.full(fb.shape[:2], P) if placeholder_mode == "replace" else fb[..., 1] - fb[..., 0]
-    suffix = np.where(valid, r_len + nxt_end - fb[..., 1], 0).sum(axis=1)
-    need = max(L, int((ends + suffix).max(initial=0)))
-    return -(-need // multiple) * multiple
 
 
 def shared_prefix_layout(batch: CreditBatch, ph_P: jax.Array, packed_len: int, placeholder_mode: PlaceholderMode):
@@ -244,11 +226,12 @@ def infogain_shared_prefix(
 ) -> InfoGainOutput:
     """One packed teacher-forcing pass per trajectory: the trajectory, then each valid turn's
     counterfactual suffix. Returns r_info and, as a by-product, the trajectories' next-token
-    log-probs (``factual_logp_BL``). ``packed_len`` (static) from `packed_length`.
+    log-probs (``factual_logp_BL``). ``packed_len`` (static) from `jaxagent.rollout.batch.packed_length`.
     ``row_chunk``: packed rows scored at a time (see `token_logprobs`)."""
     B, L = batch.tokens_BL.shape
     if packed_len < L:
-        raise ValueError(f"packed_len={packed_len}: expected >= the trajectory length {L} (see packed_length)")
+        raise ValueError(f"packed_len={packed_len}: expected >= the trajectory length {L} "
+                         "(see jaxagent.rollout.batch.packed_length)")
     valid = infogain_valid_turns(batch)
 
     def packed_logprobs(rows: CreditBatch):  # layout and pass for some rows: their [b, Lp, Lp] masks only
@@ -268,143 +251,25 @@ def infogain_shared_prefix(
     cf = _sum_over_action(lp, jnp.stack([act_start, act_start + act_len], axis=-1))
     pad_last = jnp.concatenate([batch.pad_mask_BL[:, 1:], jnp.zeros_like(batch.pad_mask_BL[:, :1])], axis=1)
     factual_lp = jnp.where(pad_last > 0, factual_lp, 0.0)
-    return _finish(fact, cf, act_len, valid, factual_logp_BL=factual_lp, tokens_processed=B * packed_len)
+    return infogain_output(fact, cf, act_len, valid, factual_logp_BL=factual_lp, tokens_processed=B * packed_len)
 
 
-# ---------------------------------------------------------------------------- naive (reference)
-@functools.lru_cache(maxsize=32)
-def _naive_scorer(config: QwenConfig, attn_impl: str, temperature: float = 1.0):
-    return jax.jit(lambda p, x, m: token_logprobs(p, x, config=config, segment_ids_BL=m, attn_impl=attn_impl,
-                                                  temperature=temperature))
-
-
-_vmapped_jit = jax.jit(infogain_vmapped,
+vmapped_jit = jax.jit(infogain_vmapped,
                        static_argnames=("config", "placeholder_mode", "attn_impl", "chunk_size", "row_chunk",
                                         "temperature"))
-_shared_prefix_jit = jax.jit(
+shared_prefix_jit = jax.jit(
     infogain_shared_prefix,
     static_argnames=("config", "packed_len", "placeholder_mode", "attn_impl", "chunk_size", "row_chunk",
                      "temperature"),
 )
 
 
-def infogain_naive(
-    params: Params,
-    batch: CreditBatch,
-    ph_ids: list[int] | np.ndarray,
-    *,
-    config: QwenConfig,
-    placeholder_mode: PlaceholderMode = "replace",
-    minibatch: int = 8,
-    attn_impl: str = "xla",
-    temperature: float = 1.0,
-) -> InfoGainOutput:
-    """The reference procedure, on the host: for each valid turn, build the factual history
-    (through a_{t+1}) and the counterfactual one as token lists, and run both through a jitted
-    teacher-forcing call, ``minibatch`` histories at a time (padded to fixed lengths)."""
-    toks = np.asarray(batch.tokens_BL)
-    fb = np.asarray(batch.feedback_span_BT2)
-    act = np.asarray(batch.action_span_BT2)
-    valid = np.asarray(infogain_valid_turns(batch))
-    ph = [int(x) for x in np.asarray(ph_ids)]
-    B, L = toks.shape
-    T = act.shape[1]
-    jobs = []  # (b, t, factual tokens, counterfactual tokens, action start in each)
-    for b in range(B):
-        for t in range(T):
-            if not valid[b, t]:
-                continue
-            fs, fe = fb[b, t]
-            s, e = act[b, t + 1]
-            if placeholder_mode == "replace":
-                rep = ph
-            else:
-                n = fe - fs
-                rep = (ph + [ph[-1]] * n)[:n]
-            factual = toks[b, :e].tolist()
-            counter = toks[b, :fs].tolist() + rep + toks[b, fe:e].tolist()
-            jobs.append((b, t, factual, counter, s, s + len(rep) - (fe - fs)))
-    fact = np.zeros((B, T), np.float32)
-    cf = np.zeros((B, T), np.float32)
-    width = L + len(ph)
-    score = _naive_scorer(config, attn_impl, float(temperature))
-
-    def run(seqs: list[list[int]]) -> np.ndarray:
-        x = np.zeros((minibatch, width), np.int32)
-        m = np.zeros((minibatch, width), np.int32)
-        for i, s in enumerate(seqs):
-            x[i, : len(s)] = s
-            m[i, : len(s)] = 1
-        return np.asarray(score(params, jnp.asarray(x), jnp.asarray(m)))
-
-    processed = 0
-    for i in range(0, len(jobs), minibatch):
-        chunk = jobs[i : i + minibatch]
-        lf = run([j[2] for j in chunk])
-        lc = run([j[3] for j in chunk])
-        processed += 2 * minibatch * width
-        for r, (b, t, factual, counter, s_f, s_c) in enumerate(chunk):
-            n = len(factual) - s_f
-            fact[b, t] = lf[r, s_f - 1 : s_f - 1 + n].sum()
-            cf[b, t] = lc[r, s_c - 1 : s_c - 1 + n].sum()
-    act_len = np.concatenate([act[:, 1:, 1] - act[:, 1:, 0], np.zeros((B, 1), act.dtype)], axis=1)
-    return _finish(jnp.asarray(fact), jnp.asarray(cf), jnp.asarray(act_len), jnp.asarray(valid),
-                   tokens_processed=processed)
-
-
 __all__ = [
     "InfoGainOutput",
-    "compute_infogain",
     "counterfactual_histories",
-    "infogain_naive",
+    "infogain_output",
     "infogain_shared_prefix",
     "infogain_valid_turns",
     "infogain_vmapped",
-    "packed_length",
     "shared_prefix_layout",
 ]
-
-
-def compute_infogain(
-    params: Params,
-    batch: CreditBatch,
-    ph_ids,
-    *,
-    config: QwenConfig,
-    mode: Mode = "shared_prefix",
-    placeholder_mode: PlaceholderMode = "replace",
-    factual_logp_BL: jax.Array | None = None,
-    packed_len: int | None = None,
-    attn_impl: str = "xla",
-    row_chunk: int | None = None,
-    temperature: float = 1.0,
-) -> InfoGainOutput:
-    """Dispatches to one of the three modes (host entry point; the vmapped and shared-prefix
-    modes are single jitted calls). ``mode`` and ``placeholder_mode`` are `InfoPOConfig`'s
-    fields of the same names; ``ph_ids`` is its ``placeholder`` tokenised as the feedback's
-    content would be (e.g. `ChatRenderer.encode_content`). ``row_chunk`` (vmapped and
-    shared_prefix): rows run through the model at a time (None: all at once; see
-    `token_logprobs`). ``temperature``: the log-probs are the policy's at the sampler's
-    temperature (the distribution the RL trainer optimises; 1: the raw policy)."""
-    if mode not in ("naive", "vmapped", "shared_prefix"):
-        raise ValueError(f"mode={mode!r}: expected 'naive', 'vmapped' or 'shared_prefix'")
-    if placeholder_mode not in ("replace", "overwrite"):
-        raise ValueError(f"placeholder_mode={placeholder_mode!r}: expected 'replace' or 'overwrite'")
-    ph = np.asarray(ph_ids, np.int32).reshape(-1)
-    if ph.size == 0:
-        raise ValueError("placeholder token ids: empty; expected the tokenised placeholder (>= 1 token)")
-    if mode == "naive":
-        return infogain_naive(params, batch, ph, config=config, placeholder_mode=placeholder_mode, attn_impl=attn_impl,
-                              temperature=temperature)
-    if mode == "vmapped":
-        return _vmapped_jit(params, batch, jnp.asarray(ph), config=config, factual_logp_BL=factual_logp_BL,
-                            placeholder_mode=placeholder_mode, attn_impl=attn_impl, row_chunk=row_chunk,
-                            temperature=temperature)
-    need = packed_length(batch, int(ph.size), placeholder_mode, multiple=1)
-    packed_len = packed_len or packed_length(batch, int(ph.size), placeholder_mode)
-    if packed_len < need:
-        raise ValueError(f"packed_len={packed_len}: expected >= {need}, the trajectories plus all their "
-                         "counterfactual suffixes (see packed_length)")
-    return _shared_prefix_jit(params, batch, jnp.asarray(ph), config=config, packed_len=packed_len,
-                              placeholder_mode=placeholder_mode, attn_impl=attn_impl, row_chunk=row_chunk,
-                              temperature=temperature)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jaxagent.text.toolcalls import ToolCall
@@ -95,3 +96,48 @@ class Environment(abc.ABC):
 
     async def aclose(self) -> None:
         """Releases resources (HTTP clients); the loop calls it when the episode ends."""
+
+
+class EnvFactory(abc.ABC):
+    """An environment family as jobs and the rollout loop use it: called once per episode for a
+    fresh `Environment` (so it is also the loop's ``make_env``). What a job needs beyond that is
+    explicit here, with defaults for families that have none of it:
+
+    - **Recording** (`record`, `drain`): a family with per-episode reports (tau2 retail's score
+      components and transcripts) keeps the episodes made while recording is on; `drain` returns
+      their reports in creation order and forgets them. `summarize` / `per_task` turn reports
+      into the figures an evaluation logs (keys as logged) and one row per task.
+    - **Closing** (`aclose`): resources shared by the family's environments (HTTP clients).
+    """
+
+    @abc.abstractmethod
+    def __call__(self) -> Environment:
+        """A fresh environment for one episode."""
+
+    def record(self, on: bool) -> None:
+        """Keeps (``True``) or stops keeping the episodes made from now on for `drain`."""
+
+    def drain(self) -> list[dict[str, Any]]:
+        """The reports of the episodes recorded since the last drain (none by default)."""
+        return []
+
+    def summarize(self, reports: Sequence[Mapping[str, Any]], *, k: int) -> dict[str, Any]:
+        """Figures over drained reports, logged beside the rollout's (none by default)."""
+        return {}
+
+    def per_task(self, reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """One row per task over drained reports (none by default)."""
+        return []
+
+    async def aclose(self) -> None:
+        """Releases what the family's environments share (HTTP clients); idempotent."""
+
+
+class CallableEnvFactory(EnvFactory):
+    """A family of environments that share nothing: ``make()`` per episode, nothing to record or close."""
+
+    def __init__(self, make: Callable[[], Environment]):
+        self._make = make
+
+    def __call__(self) -> Environment:
+        return self._make()

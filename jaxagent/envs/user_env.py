@@ -14,7 +14,7 @@ benchmark.
 - **Long replies.** With ``max_reply_chars``, an utterance longer than that is cut to it, both in
   what the agent gets and in the conversation the simulator is shown next (so a runaway reply is
   not sent back to it); ``info["reply_truncated"]`` says so. The rollout loop then cuts the reply
-  to its token limit (``rollout.max_reply_tokens``; `jaxagent.train.jobs` sets
+  to its token limit (``rollout.max_reply_tokens``; `jaxagent.jobs` sets
   ``max_reply_chars`` to 8x that).
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jaxagent.envs.base import AgentMessage, EnvMessage, Environment, Reset, Step
+from jaxagent.envs.base import AgentMessage, EnvFactory, EnvMessage, Environment, Reset, Step
 from jaxagent.envs.llm_user import LLMUserClient
 
 
@@ -72,3 +72,16 @@ class LLMUserEnv(Environment):
         return Step((msg,), reward=reward, done=done, info={"parse_error": reply.parse_error,
                                                                 "simulator_retries": reply.attempts - 1,
                                                                 "reply_truncated": truncated})
+
+
+class LLMUserEnvFactory(EnvFactory):
+    """`LLMUserEnv` per episode over one shared client (closed by `aclose`)."""
+
+    def __init__(self, client: LLMUserClient, tasks: Mapping[str, Mapping[str, Any]], **kwargs):
+        self.client, self.tasks, self.kwargs = client, tasks, kwargs
+
+    def __call__(self) -> LLMUserEnv:
+        return LLMUserEnv(self.client, self.tasks, **self.kwargs)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

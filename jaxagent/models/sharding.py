@@ -81,9 +81,12 @@ class MeshConfig:
 
 
 def initialize_distributed(cfg: MeshConfig) -> None:
-    """Calls `jax.distributed.initialize` for multi-host runs (no-op unless ``cfg.distributed``)."""
-    if not cfg.distributed:
+    """Calls `jax.distributed.initialize` for multi-host runs (no-op unless ``cfg.distributed``;
+    before any other JAX call of the process). Without a coordinator address, JAX detects the
+    cluster (TPU pods, SLURM, Open MPI); CPU processes talk through gloo."""
+    if not cfg.distributed or jax.distributed.is_initialized():
         return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only; no-op elsewhere
     kwargs = {}
     if cfg.coordinator_address is not None:
         kwargs = dict(

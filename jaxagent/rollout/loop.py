@@ -15,7 +15,7 @@ decode.
   error that says retrying cannot help (``retryable=False``: `SimulatorError` for HTTP 401/403
   and the other non-retried statuses) is not retried. ``timeout_s`` must be at least the
   simulator client's own budget per call (`LLMUserConfig.call_budget_s`), or the loop cuts the
-  client's retries and Retry-After waits short; `jaxagent.config` checks this and derives
+  client's retries and Retry-After waits short; `jaxagent.jobs.config` checks this and derives
   ``rollout.timeout_s`` from it when unset.
 - **Counted** in the record's ``info``: ``simulator_errors`` (failed calls, loop level) and
   ``simulator_timeouts`` (those that ran past ``timeout_s``), ``last_error``,

@@ -32,12 +32,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.credit.batch import CreditBatch
+from jaxagent.rollout.batch import HostBatch, Row, build_batch
 from jaxagent.credit.reaction import polarity_of
-from jaxagent.text.chat import MessageSpan, RenderedChat
+from jaxagent.text.spans import MessageSpan, RenderedChat
 
 Termination = Literal["done", "max_turns", "max_tokens", "simulator_failure", "format_error", "timeout"]
 TERMINATIONS = ("done", "max_turns", "max_tokens", "simulator_failure", "format_error", "timeout")
@@ -199,6 +199,35 @@ def from_jsonl(path: str | Path) -> list[Trajectory]:
     return out
 
 
+def collate_host(
+    records: Sequence[Trajectory],
+    *,
+    length: int | None = None,
+    turns: int | None = None,
+    multiple: int = 64,
+    polarity: Mapping[str, float] | None = None,
+) -> HostBatch:
+    """Records as `build_batch` rows: tokens, the sampler's log-probs, action and feedback spans,
+    U2U segments with the polarity of their reaction labels (`jaxagent.credit.reaction.polarity_of`;
+    ``polarity`` overrides the default map), the outcome reward, and group ids made dense in
+    ``[0, G)`` (the group statistics index segment sums by them).
+
+    ``length`` defaults to the longest record rounded up to ``multiple`` (a static shape);
+    ``turns`` to the most action turns."""
+    if not records:
+        raise ValueError("records: empty; expected at least one trajectory")
+    groups = np.unique([r.group_id for r in records], return_inverse=True)[1]
+    rows = []
+    for b, r in enumerate(records):
+        segments = [(members, None if label is None else float(polarity_of([label], polarity)[0]))
+                    for members, label in r.segments()]
+        rows.append(Row(tokens=r.tokens, loss_mask=r.loss_mask(), logprobs=r.logprobs, actions=r.action_spans(),
+                        feedback=r.feedback_spans(), segments=segments, reward=r.outcome_reward,
+                        group=int(groups[b])))
+    return build_batch(rows, length=length, turns=turns, multiple=multiple, noun="record",
+                       names=[r.task_id for r in records])
+
+
 def collate(
     records: Sequence[Trajectory],
     *,
@@ -207,59 +236,7 @@ def collate(
     multiple: int = 64,
     polarity: Mapping[str, float] | None = None,
 ) -> tuple[CreditBatch, np.ndarray]:
-    """Pads records into a `CreditBatch` and the old log-probs [B, L] (entry i scores token i).
-
-    ``length`` defaults to the longest record rounded up to ``multiple`` (a static shape);
-    ``turns`` to the most action turns. Segment polarities come from the reaction labels through
-    `jaxagent.credit.reaction.polarity_of` (``polarity`` overrides the default map).
-    """
-    if not records:
-        raise ValueError("records: empty; expected at least one trajectory")
-    B = len(records)
-    longest = max(len(r.tokens) for r in records)
-    L = length or -(-longest // multiple) * multiple
-    if longest > L:
-        raise ValueError(f"length={L}: shorter than the longest record ({longest} tokens)")
-    T = turns or max(1, max(len(r.action_spans()) for r in records))
-    Q = max(1, max(len(r.segments()) for r in records))
-    tokens = np.zeros((B, L), np.int32)
-    pad = np.zeros((B, L), np.int32)
-    loss = np.zeros((B, L), np.float32)
-    old_lp = np.zeros((B, L), np.float32)
-    turn_idx = np.full((B, L), -1, np.int32)
-    seg_idx = np.full((B, L), -1, np.int32)
-    act = np.zeros((B, T, 2), np.int32)
-    fb = np.zeros((B, T, 2), np.int32)
-    tv = np.zeros((B, T), bool)
-    pol = np.zeros((B, Q), np.float32)
-    sv = np.zeros((B, Q), bool)
-    for b, r in enumerate(records):
-        n = len(r.tokens)
-        tokens[b, :n] = r.tokens
-        pad[b, :n] = 1
-        loss[b, :n] = r.loss_mask()
-        old_lp[b, :n] = r.logprobs
-        spans = r.action_spans()
-        if len(spans) > T:
-            raise ValueError(f"turns={T}: record {b} ({r.task_id!r}) has {len(spans)} action turns")
-        for t, ((s, e), f) in enumerate(zip(spans, r.feedback_spans())):
-            act[b, t] = (s, e)
-            fb[b, t] = f
-            tv[b, t] = True
-            turn_idx[b, s:e] = t
-        for q, (members, label) in enumerate(r.segments()):
-            for t in members:
-                s, e = spans[t]
-                seg_idx[b, s:e] = q
-            sv[b, q] = label is not None
-            pol[b, q] = float(polarity_of([label], polarity)[0]) if label is not None else 0.0
-    batch = CreditBatch(
-        tokens_BL=jnp.asarray(tokens), pad_mask_BL=jnp.asarray(pad), loss_mask_BL=jnp.asarray(loss),
-        turn_idx_BL=jnp.asarray(turn_idx), action_span_BT2=jnp.asarray(act), feedback_span_BT2=jnp.asarray(fb),
-        turn_valid_BT=jnp.asarray(tv), segment_idx_BL=jnp.asarray(seg_idx),
-        segment_polarity_BQ=jnp.asarray(pol), segment_valid_BQ=jnp.asarray(sv),
-        reward_B=jnp.asarray([r.outcome_reward for r in records], jnp.float32),
-        # dense ids in [0, G): the group statistics index segment sums by them
-        group_id_B=jnp.asarray(np.unique([r.group_id for r in records], return_inverse=True)[1], jnp.int32),
-    )
-    return batch.check(), old_lp
+    """`collate_host`'s batch on the device (a `CreditBatch`) and the old log-probs [B, L] (entry
+    i scores token i)."""
+    host = collate_host(records, length=length, turns=turns, multiple=multiple, polarity=polarity)
+    return host.credit_batch(), host.logprobs_BL

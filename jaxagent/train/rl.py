@@ -48,19 +48,19 @@ import optax
 
 from jaxagent.credit.fusion import InfoPOConfig, fuse
 from jaxagent.credit.grpo import GRPOConfig
-from jaxagent.credit.infogain import compute_infogain, packed_length
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.credit.reaction import FacaConfig
 from jaxagent.envs.base import Environment
-from jaxagent.envs.llm_user import FAILURE_KINDS
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.loop import EpisodeConfig, run_episodes
-from jaxagent.rollout.trajectory import Trajectory, collate
+from jaxagent.rollout.metrics import episode_metrics, failure_causes
+from jaxagent.rollout.trajectory import Trajectory, collate_host
 from jaxagent.text.chat import ChatRenderer
 from jaxagent.text.tokenizer import Tokenizer
-from jaxagent.train.step import TrainState, make_update, ppo_loss_fn, sequence_scores
+from jaxagent.train.infogain import compute_infogain
+from jaxagent.train.step import StepShardings, TrainState, make_update, ppo_loss_fn, sequence_scores
 
 CreditMethod = Literal["grpo", "infopo", "faca", "infopo+faca"]
 CREDIT_METHODS = ("grpo", "infopo", "faca", "infopo+faca")
@@ -165,7 +165,7 @@ class RLTrainer:
                  sampling: SamplingParams, episode: EpisodeConfig, engine: GenerationEngine,
                  infopo: InfoPOConfig | None = None, faca: FacaConfig | None = None,
                  grpo: GRPOConfig = GRPOConfig(), ref_params: Any = None,
-                 lr_schedule: optax.Schedule | None = None):
+                 lr_schedule: optax.Schedule | None = None, shardings: StepShardings | None = None):
         settings.validate()
         # the sampler's distribution: what the update, the reference and the info gain score
         self.view = sampler_view(sampling, tokenizer.vocab_size, config.vocab_size)
@@ -179,12 +179,22 @@ class RLTrainer:
         self.grpo = grpo
         # The frozen reference policy (KL term): a copy of the initial weights by default.
         self.ref_params = ref_params if ref_params is not None else jax.tree.map(jnp.copy, state.params)
+        self.shardings = shardings
         self.update = make_update(ppo_loss_fn(config, ppo, **self.view), tx, microbatches=settings.microbatches,
-                                  agg=ppo.agg, lr_schedule=lr_schedule)
+                                  agg=ppo.agg, lr_schedule=lr_schedule, shardings=shardings)
         self.scores = _jit_scores(config, settings.score_rows or None, **self.view)
         self._fuse = jax.jit(lambda b, r, k: fuse(b, r, self.infopo, self.faca, self.grpo, k))
         if self.infopo is not None:
             self.ph_ids = ChatRenderer(tokenizer).encode_content(self.infopo.placeholder)
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_tree(self) -> dict[str, Any]:
+        """What a checkpoint holds: the train state and the frozen reference."""
+        return {"state": self.state, "ref": self.ref_params}
+
+    def restore(self, tree: dict[str, Any]) -> None:
+        """Continues from a `checkpoint_tree` (restored onto this trainer's shardings)."""
+        self.state, self.ref_params = tree["state"], tree["ref"]
 
     # ------------------------------------------------------------------ rollouts
     def rollout(self, tasks: Sequence[str], key: jax.Array) -> list[Trajectory]:
@@ -222,14 +232,14 @@ class RLTrainer:
     def _credit(self, rows: Sequence[Trajectory], k_credit: jax.Array, n_turns: int):
         # Turns padded to the episode limit (padded turns are invalid: no credit, no statistic), so
         # the credit's compiled shapes depend on the lengths only, not on each batch's longest episode.
-        batch, old_lp = collate(rows, multiple=self.settings.length_multiple,
-                                turns=max(n_turns, self.episode.max_turns))
+        host = collate_host(rows, multiple=self.settings.length_multiple, turns=max(n_turns, self.episode.max_turns))
+        batch, old_lp = host.credit_batch(), host.logprobs_BL
         r_info = None
-        if self.infopo is not None:
-            packed = packed_length(batch, len(self.ph_ids), self.infopo.placeholder_mode,
-                                   multiple=self.settings.length_multiple)
+        if self.infopo is not None:  # the packed length comes from the host arrays (no device round trip)
             out = compute_infogain(self.state.params, batch, self.ph_ids, config=self.config, mode=self.infopo.mode,
-                                   placeholder_mode=self.infopo.placeholder_mode, packed_len=packed,
+                                   placeholder_mode=self.infopo.placeholder_mode, host=host,
+                                   packed_len=host.packed_length(len(self.ph_ids), self.infopo.placeholder_mode,
+                                                                 multiple=self.settings.length_multiple),
                                    row_chunk=self.settings.score_rows or None,
                                    temperature=self.view["temperature"])
             r_info = out.r_info_BT
@@ -275,7 +285,10 @@ class RLTrainer:
             order = np.concatenate([rng.permutation(n_kept), fill]).astype(np.int64)
             for s in range(0, n_rows, mb):
                 idx = order[s : s + mb]
-                self.state, m = self.update(self.state, {k: v[idx] for k, v in data.items()})
+                minibatch = {k: v[idx] for k, v in data.items()}
+                if self.shardings is not None:
+                    minibatch = self.shardings.put_batch(minibatch)
+                self.state, m = self.update(self.state, minibatch)
                 upd.append(m)
         upd_host = jax.device_get(upd)
         t_update = time.perf_counter() - t2
@@ -321,83 +334,9 @@ def _padding_row() -> Trajectory:
                       outcome_reward=0.0, reaction_labels=[], termination="simulator_failure")
 
 
-def episode_metrics(trajs: Sequence[Trajectory], success_threshold: float = 1.0) -> dict[str, Any]:
-    """Success rate, reward, turns, response lengths and terminations of a list of episodes (failed
-    ones included, as outcome 0), and the simulator's calls (`sim_metrics`)."""
-    rewards = np.asarray([t.outcome_reward for t in trajs], np.float64)
-    turns = np.asarray([len(t.action_spans()) for t in trajs], np.float64)
-    gen = np.asarray([sum(e - s for s, e in t.action_spans()) for t in trajs], np.float64)
-    per_turn = gen / np.maximum(turns, 1)
-    out: dict[str, Any] = {
-        "episodes": len(trajs),
-        "success": float(np.mean(rewards >= success_threshold - 1e-9)),
-        "reward": float(rewards.mean()),
-        "turns": float(turns.mean()),
-        "response_tokens": float(per_turn.mean()),
-        "episode_tokens": float(np.mean([len(t.tokens) for t in trajs])),
-        "simulator_failures": int(sum(t.termination == "simulator_failure" for t in trajs)),
-        "format_errors": int(sum(t.info.get("format_errors", 0) for t in trajs)),
-        "tool_errors": int(sum(t.info.get("tool_errors", 0) for t in trajs)),
-    }
-    for term in sorted({t.termination for t in trajs}):
-        out[f"termination/{term}"] = int(sum(t.termination == term for t in trajs))
-    out.update(sim_metrics(trajs))
-    # InfoPO's length-reward correlation diagnostic (0 when either side is constant)
-    if len(trajs) > 1 and gen.std() > 0 and rewards.std() > 0:
-        out["length_reward_corr"] = float(np.corrcoef(gen, rewards)[0, 1])
-    else:
-        out["length_reward_corr"] = 0.0
-    return out
-
-
-def sim_metrics(trajs: Sequence[Trajectory]) -> dict[str, int]:
-    """The simulator's side of a list of episodes, from their records' ``info``
-    (`jaxagent.rollout.loop`): ``sim/calls``, ``sim/attempts`` (HTTP attempts), ``sim/retries``
-    (the clients' own), ``sim/failed_calls`` (calls that raised), ``sim/fail/<kind>`` (failed
-    attempts by cause, every `FAILURE_KINDS` entry), ``sim/loop_errors`` (failed reset/step calls
-    in the loop) and ``sim/loop_timeouts`` (those past ``rollout.timeout_s``),
-    ``sim/failed_episodes`` and ``sim/truncated_replies``."""
-    def total(key: str) -> int:
-        return int(sum(int(t.info.get(key, 0) or 0) for t in trajs))
-
-    out = {"sim/calls": total("sim_calls"), "sim/attempts": total("sim_attempts"),
-           "sim/retries": total("sim_retries"), "sim/failed_calls": total("sim_failed_calls"),
-           "sim/loop_errors": total("simulator_errors"), "sim/loop_timeouts": total("simulator_timeouts"),
-           "sim/failed_episodes": int(sum(t.termination == "simulator_failure" for t in trajs)),
-           "sim/truncated_replies": total("truncated_replies")}
-    kinds = {**dict.fromkeys(FAILURE_KINDS, 0), **_failures_by_kind(trajs)}
-    out.update({f"sim/fail/{k}": v for k, v in kinds.items()})
-    return out
-
-
-def _failures_by_kind(trajs: Sequence[Trajectory]) -> dict[str, int]:
-    """Failed HTTP attempts by cause, summed over the records' ``info["sim_failures"]``."""
-    kinds: dict[str, int] = {}
-    for t in trajs:
-        for kind, n in (t.info.get("sim_failures") or {}).items():
-            kinds[kind] = kinds.get(kind, 0) + int(n)
-    return kinds
-
-
 class SimulatorFailureBudget(RuntimeError):
     """The user simulator kept failing: a run stops (non-zero exit from ``jaxagent.launch``) rather
     than train on nothing. The message names the share, the budget's settings and the causes."""
-
-
-def failure_causes(trajs: Sequence[Trajectory]) -> str:
-    """The causes of the failed episodes among ``trajs``, for a message: failed HTTP attempts by
-    cause (``401 x 8, connection x 2``), loop timeouts, and the last error seen."""
-    failed = [t for t in trajs if t.termination == "simulator_failure"]
-    kinds = _failures_by_kind(failed)
-    parts = [f"{k} x {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]) if n]
-    timeouts = sum(int(t.info.get("simulator_timeouts", 0) or 0) for t in failed)
-    if timeouts:
-        parts.append(f"rollout.timeout_s exceeded x {timeouts}")
-    last = next((t.info["last_error"] for t in reversed(failed) if t.info.get("last_error")), None)
-    text = "failed attempts by cause: " + (", ".join(parts) if parts else "none recorded")
-    if last:
-        text += f"; last error: {last}"
-    return " ".join(text.split())  # one line
 
 
 class FailureBudget:
@@ -423,5 +362,4 @@ class FailureBudget:
                 f"(rl.failure_budget_iters={self.iters}); {failure_causes(trajs)}")
 
 
-__all__ = ["CREDIT_METHODS", "FailureBudget", "RLSettings", "RLTrainer", "SimulatorFailureBudget", "episode_metrics",
-           "failure_causes", "sim_metrics"]
+__all__ = ["CREDIT_METHODS", "FailureBudget", "RLSettings", "RLTrainer", "SimulatorFailureBudget"]

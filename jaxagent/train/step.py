@@ -8,8 +8,10 @@ B = M * b.
 - `TrainState`: params, optimizer state, ``step`` (updates applied) and ``skipped`` (updates
   refused because the loss or a gradient was not finite: the state is left as it was).
   `check_skipped_share` raises `TrainingFailed` when too many were refused.
-- `make_update(loss_fn, tx, microbatches=M)`: ``update(state, batch) -> (state, metrics)``, one
-  `jax.jit` with the state donated. The batch (a dict of ``[B, ...]`` arrays) is split into M
+- `make_update(loss_fn, tx, microbatches=M, shardings=...)`: ``update(state, batch) -> (state,
+  metrics)``, one `jax.jit` with the state donated and, with `StepShardings`, its input and output
+  shardings declared (the state keeps its layout across updates; the batch is split over the
+  mesh's batch axes; the metrics come back replicated). The batch (a dict of ``[B, ...]`` arrays) is split into M
   microbatches scanned in sequence; their gradients are combined with the weights the loss's
   aggregation implies (token counts for a token mean, sequence counts for a sequence mean), so
   the accumulated update equals the full-batch update.
@@ -29,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxagent.credit.losses import PPOConfig, policy_loss, sft_loss
 from jaxagent.models.config import QwenConfig
@@ -104,6 +107,43 @@ class TrainState:
     @classmethod
     def create(cls, params, tx: optax.GradientTransformation) -> "TrainState":
         return cls(params, tx.init(params), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShardings:
+    """Where a jitted update's arguments live: ``state``, a pytree of shardings with the
+    `TrainState`'s structure (in and out: every update of a run, fresh or restored, runs the same
+    compiled program and returns the state where it was); ``batch``, one sharding for every
+    ``[B, L]`` batch leaf (`jaxagent.models.sharding.batch_sharding`). Metrics come back
+    replicated over ``batch``'s mesh."""
+
+    state: Any
+    batch: NamedSharding
+
+    @classmethod
+    def of(cls, state: "TrainState", batch: NamedSharding) -> "StepShardings":
+        """The shardings ``state``'s arrays have now (every leaf must be on the mesh already)."""
+        def sharding(x):
+            if not isinstance(getattr(x, "sharding", None), NamedSharding):
+                raise ValueError(f"state leaf {type(x).__name__} {getattr(x, 'shape', '')}: not on a mesh (expected "
+                                 "every array placed with a NamedSharding before the step is built)")
+            return x.sharding
+
+        return cls(jax.tree.map(sharding, state), batch)
+
+    def put_batch(self, batch: "Batch") -> "Batch":
+        """``batch`` placed as the update expects it (a no-op for arrays already there)."""
+        return jax.device_put(batch, self.batch)
+
+
+def place_on_mesh(tree, mesh: jax.sharding.Mesh):
+    """``tree`` with every leaf not yet on a mesh (optax's counters, the step counters: scalars on
+    one device, uncommitted) replicated over ``mesh``, as the jitted update returns them. A state
+    restored into these shardings then matches the live one (a counter committed to one device
+    next to parameters on all of them is an error) and `StepShardings.of` can read them all."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: x if isinstance(getattr(x, "sharding", None), NamedSharding)
+                        else jax.device_put(x, replicated), tree)
 
 
 class TrainingFailed(RuntimeError):
@@ -205,8 +245,11 @@ _SUMMED = ("num_tokens", "num_seqs")
 
 def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatches: int = 1,
                 agg: str = "token_mean", lr_schedule: optax.Schedule | None = None,
+                shardings: StepShardings | None = None,
                 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
-    """One jitted update: ``update(state, batch) -> (state, metrics)`` (state donated).
+    """One jitted update: ``update(state, batch) -> (state, metrics)`` (state donated). With
+    ``shardings``, the jit declares them: the state in and out on ``shardings.state``, every batch
+    leaf on ``shardings.batch`` (place it there: `StepShardings.put_batch`), metrics replicated.
 
     Metrics: the loss's metrics (weighted means over microbatches; counts summed; ``ratio_min``
     / ``ratio_max`` the extremes), plus ``grad_norm`` (of the accumulated gradient), with M >= 2
@@ -272,9 +315,13 @@ def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatch
             metrics["lr"] = jnp.asarray(lr_schedule(state.step), jnp.float32)
         return new_state, metrics
 
-    return jax.jit(update, donate_argnums=(0,))
+    if shardings is None:
+        return jax.jit(update, donate_argnums=(0,))
+    replicated = NamedSharding(shardings.batch.mesh, PartitionSpec())
+    return jax.jit(update, donate_argnums=(0,), in_shardings=(shardings.state, shardings.batch),
+                   out_shardings=(shardings.state, replicated))
 
 
-__all__ = ["SKIP_CHECK_MIN_UPDATES", "OptimSettings", "TrainState", "TrainingFailed", "check_skipped_share",
-           "learning_rate", "make_optimizer", "make_update", "microbatch_weight",
+__all__ = ["SKIP_CHECK_MIN_UPDATES", "OptimSettings", "StepShardings", "TrainState", "TrainingFailed", "check_skipped_share",
+           "learning_rate", "make_optimizer", "make_update", "microbatch_weight", "place_on_mesh",
            "ppo_loss_fn", "sequence_scores", "sft_loss_fn"]

@@ -7,10 +7,10 @@
         rollout.tool_schemas_in_prompt=true rollout.capacity=16384 rollout.max_tokens=16384 \
         rollout.max_turns=60 rollout.max_new_tokens=512                            # a local checkpoint
 
-`EnvFactory` builds one `Tau2RetailEnv` per episode from the ``env.tau2`` section (customer,
-scoring mode, judge, limits) and keeps them, so that after a run `EnvFactory.drain` gives every
+`Tau2EnvFactory` builds one `Tau2RetailEnv` per episode from the ``env.tau2`` section (customer,
+scoring mode, judge, limits) and keeps them, so that after a run `Tau2EnvFactory.drain` gives every
 episode's report (task, seed, termination, score components, transcript). A local model plays
-through the rollout loop like any environment (`jaxagent.train.jobs`); host agents (``oracle``,
+through the rollout loop like any environment (`jaxagent.jobs`); host agents (``oracle``,
 ``endpoint``) play here (`evaluate_host`), ``eval.concurrency`` episodes at once.
 
 `per_task` gives one row per task (``tasks.jsonl``); `summarize` turns reports into avg@k figures: ``reward`` (mean episode reward), ``success``
@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxagent.envs.base import EnvFactory
 from jaxagent.envs.tau2_retail.env import EpisodeLimits, Tau2RetailEnv, llm_customers, scripted_customers
 from jaxagent.envs.tau2_retail.tasks import load_task_set, select_tasks
 
@@ -36,9 +35,10 @@ SCORING_NOTE = {"offline": "offline: DB x COMMUNICATE (classic tau-bench scoring
                 "tau2": "tau2: each task's reward basis, NL assertions by an LLM judge"}
 
 
-class EnvFactory:
-    """Builds a `Tau2RetailEnv` per call from an ``env.tau2`` section (`jaxagent.config.Tau2Section`)
-    and remembers it (`drain`). HTTP clients (customer, judge) are made once and shared."""
+class Tau2EnvFactory(EnvFactory):
+    """Builds a `Tau2RetailEnv` per call from an ``env.tau2`` section (`jaxagent.jobs.config.Tau2Section`)
+    and, while recording (the default), remembers it (`drain`). HTTP clients (customer, judge) are
+    made once and shared."""
 
     def __init__(self, section):
         from jaxagent.envs.llm_user import LLMUserClient
@@ -58,12 +58,12 @@ class EnvFactory:
                           else scripted_customers())
         self.limits = EpisodeLimits(section.max_steps, section.max_errors)
         self.envs: list[Tau2RetailEnv] = []
-        self.record = True  # False: environments are not kept (RL rollouts: nothing to report)
+        self.recording = True  # False: environments are not kept (RL rollouts: nothing to report)
 
     def __call__(self) -> Tau2RetailEnv:
         env = Tau2RetailEnv(self.tasks, customer=self.customers, data_dir=self.section.data_dir,
                             scoring_mode=self.section.scoring, limits=self.limits, judge=self.judge)
-        if self.record:
+        if self.recording:
             self.envs.append(env)
         return env
 
@@ -72,6 +72,17 @@ class EnvFactory:
         out = [e.report() for e in self.envs if e.task is not None]
         self.envs = []
         return out
+
+    def record(self, on: bool) -> None:
+        self.recording = on
+
+    def summarize(self, reports: Sequence[Mapping[str, Any]], *, k: int) -> dict[str, Any]:
+        """`summarize`'s DB and COMMUNICATE means, pass@k and the scoring mode, as ``tau2/*``."""
+        t2 = summarize(reports, scoring_mode=self.section.scoring, k=k)
+        return {f"tau2/{key}": t2[key] for key in ("db", "communicate", "pass_at_k", "scoring_mode")}
+
+    def per_task(self, reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        return per_task(reports)
 
     async def aclose(self) -> None:
         for c in (self.customer_client, self.judge):
@@ -126,14 +137,7 @@ def per_task(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def write_reports(path: Path, reports: Sequence[Mapping[str, Any]]) -> None:
-    """One JSON line per episode (transcripts included)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in reports)
-
-
-async def evaluate_host(factory: EnvFactory, make_agent, *, k: int, concurrency: int,
+async def evaluate_host(factory: Tau2EnvFactory, make_agent, *, k: int, concurrency: int,
                         max_turns: int = 200) -> list[dict[str, Any]]:
     """Every selected task ``k`` times (seeds 0..k-1) with a fresh agent from ``make_agent()``;
     episodes whose simulator or agent endpoint fails after its retries are reported as
@@ -161,59 +165,6 @@ async def evaluate_host(factory: EnvFactory, make_agent, *, k: int, concurrency:
     return list(await asyncio.gather(*(one(t, s) for t in factory.task_ids for s in range(k))))
 
 
-def run_host_eval(cfg) -> dict[str, Any]:
-    """``job=eval`` with ``eval.agent`` oracle or endpoint on tau2 retail: writes
-    ``runs/<name>/{config.yaml, episodes.jsonl, tasks.jsonl, summary.json}``, prints a few lines
-    (`summary_text`, with ``progress``) and returns the summary without its per-task figures
-    (``success_by_task``, in summary.json) and with the files' paths (``files``)."""
-    from jaxagent.envs.llm_user import LLMUserClient
-    from jaxagent.envs.tau2_retail.agents import EndpointAgent, OracleAgent
-    from jaxagent.train.resume import check_run_dir, record_config
-
-    t0 = time.perf_counter()
-    run_dir = Path(cfg.runs_dir) / cfg.name
-    check_run_dir(cfg, run_dir)  # never into another job's run directory (the key name)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    record_config(cfg, run_dir)
-
-    async def main():
-        factory = EnvFactory(cfg.env.tau2)
-        factory.record = False  # the reports come back from `play`
-        # the agent samples at eval.temperature, as the local policy does
-        endpoint = cfg.eval.endpoint.client_config(cfg.eval.temperature) if cfg.eval.endpoint else None
-        client = LLMUserClient(endpoint) if cfg.eval.agent == "endpoint" else None
-        make_agent = (lambda: EndpointAgent(client)) if client is not None else OracleAgent
-        try:
-            return await evaluate_host(factory, make_agent, k=cfg.eval.k, concurrency=cfg.eval.concurrency,
-                                       max_turns=cfg.env.tau2.max_steps)
-        finally:
-            await factory.aclose()
-            if client is not None:
-                await client.aclose()
-
-    reports = asyncio.run(main())
-    write_reports(run_dir / "episodes.jsonl", reports)
-    rows = per_task(reports)
-    write_reports(run_dir / "tasks.jsonl", rows)
-    summary = {"name": cfg.name, "job": "eval", "env": "tau2_retail", "agent": cfg.eval.agent,
-               "customer": cfg.env.tau2.customer, "agent_temperature": cfg.eval.temperature,
-               **summarize(reports, scoring_mode=cfg.env.tau2.scoring, k=cfg.eval.k),
-               "wall_seconds": time.perf_counter() - t0}
-    summary["pass_hat_k"] = sum(r["success"] >= 1.0 for r in rows) / len(rows)  # tau2's pass^k: all k runs
-    summary["success_before"] = summary["success_after"] = summary["success"]
-    summary["steps"], summary["credit"] = 0, None
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    # The per-task figures stay in the files (summary.json's success_by_task, tasks.jsonl); what is
-    # returned (and printed by the launcher) is the summary without them, plus where the files are.
-    shown = {k: v for k, v in summary.items() if k != "success_by_task"}
-    shown["files"] = {name: str(run_dir / name) for name in ("summary.json", "tasks.jsonl", "episodes.jsonl")}
-    if cfg.progress:
-        import sys
-
-        print(summary_text(shown), file=sys.stderr, flush=True)
-    return shown
-
-
 def summary_text(summary: Mapping[str, Any]) -> str:
     """A few lines for the terminal: what ran, the avg@k figures, terminations, where the files are."""
     k = summary["k"]
@@ -231,5 +182,4 @@ def summary_text(summary: Mapping[str, Any]) -> str:
     ])
 
 
-__all__ = ["SCORING_NOTE", "EnvFactory", "evaluate_host", "per_task", "run_host_eval", "summarize", "summary_text",
-           "write_reports"]
+__all__ = ["SCORING_NOTE", "Tau2EnvFactory", "evaluate_host", "per_task", "summarize", "summary_text"]

@@ -1,4 +1,5 @@
-"""Synthetic multi-turn trajectories as `CreditBatch`es, for tests and benchmarks (host, numpy).
+"""Synthetic multi-turn trajectories as `CreditBatch`es, for tests and benchmarks (host, numpy;
+built by the one batch builder, `jaxagent.rollout.batch.build_batch`).
 
 Each row is laid out as an agent conversation would be: a prompt, then per turn an action, some
 template tokens, the feedback content, more template tokens; then right padding. Lengths are
@@ -8,10 +9,10 @@ that drew no feedback), and rows have uneven turn counts.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.credit.batch import CreditBatch
+from jaxagent.rollout.batch import Row, build_batch
 
 
 def synthetic_batch(
@@ -32,42 +33,26 @@ def synthetic_batch(
     """A random padded batch; ranges are inclusive-exclusive ``(low, high)`` as numpy draws them."""
     B, L, T = batch, length, turns
     tokens = rng.integers(1, vocab, (B, L)).astype(np.int32)
-    pad = np.zeros((B, L), np.int32)
-    act = np.zeros((B, T, 2), np.int32)
-    fb = np.zeros((B, T, 2), np.int32)
-    valid = np.zeros((B, T), bool)
-    turn_idx = np.full((B, L), -1, np.int32)
-    loss_mask = np.zeros((B, L), np.float32)
+    layouts = []  # per row: its length and action / feedback spans
     for b in range(B):
         pos = int(rng.integers(*prompt_len))
         n_turns = int(rng.integers(min_turns, T + 1))
-        for t in range(n_turns):
+        actions, feedback = [], []
+        for _ in range(n_turns):
             a = int(rng.integers(*action_len))
             t1, t2 = int(rng.integers(*template_len)), int(rng.integers(*template_len))
             f = 0 if rng.random() < empty_feedback_prob else int(rng.integers(*feedback_len))
             if pos + a + t1 + f + t2 > L:
                 break
-            act[b, t] = (pos, pos + a)
-            valid[b, t] = True
-            turn_idx[b, pos : pos + a] = t
-            loss_mask[b, pos : pos + a] = 1
+            actions.append((pos, pos + a))
             pos += a + t1
-            fb[b, t] = (pos, pos + f)
+            feedback.append((pos, pos + f))
             pos += f + t2
-        pad[b, :pos] = 1
-        tokens[b, pos:] = 0
-    Q = T
-    return CreditBatch(
-        tokens_BL=jnp.asarray(tokens),
-        pad_mask_BL=jnp.asarray(pad),
-        loss_mask_BL=jnp.asarray(loss_mask),
-        turn_idx_BL=jnp.asarray(turn_idx),
-        action_span_BT2=jnp.asarray(act),
-        feedback_span_BT2=jnp.asarray(fb),
-        turn_valid_BT=jnp.asarray(valid),
-        segment_idx_BL=jnp.asarray(turn_idx),
-        segment_polarity_BQ=jnp.asarray(rng.choice([-1.0, 0.0, 1.0], (B, Q)).astype(np.float32)),
-        segment_valid_BQ=jnp.asarray(valid),
-        reward_B=jnp.asarray(rng.random(B).astype(np.float32)),
-        group_id_B=jnp.asarray(np.arange(B, dtype=np.int32) % groups),
-    )
+        layouts.append((pos, actions, feedback))
+    polarity = rng.choice([-1.0, 0.0, 1.0], (B, T)).astype(np.float32)  # one segment per turn
+    rewards = rng.random(B).astype(np.float32)
+    rows = [Row(tokens=tokens[b, :n], actions=actions, feedback=feedback,
+                segments=[([t], float(polarity[b, t])) for t in range(len(actions))],
+                reward=float(rewards[b]), group=b % groups)
+            for b, (n, actions, feedback) in enumerate(layouts)]
+    return build_batch(rows, length=L, turns=T, segments=T).credit_batch()

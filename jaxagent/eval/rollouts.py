@@ -22,7 +22,7 @@ from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.loop import EpisodeConfig, run_episodes
 from jaxagent.rollout.trajectory import Trajectory
 from jaxagent.text.tokenizer import Tokenizer
-from jaxagent.train.rl import episode_metrics
+from jaxagent.rollout.metrics import episode_metrics
 
 
 def evaluate(params: Any, engine: GenerationEngine, make_env: Callable[[], Environment], tokenizer: Tokenizer,

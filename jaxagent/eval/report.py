@@ -1,7 +1,7 @@
 """Reports on a run: read ``runs/<name>/metrics.jsonl`` back and turn it into plots, TensorBoard
 scalars, InfoPO-style collapse diagnostics and a before/after table.
 
-Input: `jaxagent.train.jobs.RunLog` writes one JSON object per line,
+Input: `jaxagent.jobs.RunLog` writes one JSON object per line,
 ``{"phase": "sft" | "rl" | "eval", "step": int, "time": unix_seconds, ...metrics}``.
 
 Outputs:
@@ -39,7 +39,7 @@ Outputs:
 Resumed runs re-run (and re-log) the iterations after their last checkpoint, so a metrics file can
 hold a step twice; plots and diagnostics keep the last record per (phase, step[, label]).
 
-``python -m jaxagent.train.report runs/<name> [--tensorboard]`` writes the plots to
+``python -m jaxagent.eval.report runs/<name> [--tensorboard]`` writes the plots to
 ``runs/<name>/plots/`` (and the scalars to ``runs/<name>/tb/``) and prints the diagnostics.
 """
 
@@ -554,7 +554,7 @@ def summary_table(before: Mapping[str, Any], after: Mapping[str, Any],
 
 # ----------------------------------------------------------------------------- CLI
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jaxagent.train.report", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m jaxagent.eval.report", description=__doc__.split("\n")[0])
     p.add_argument("run_dir", type=Path, help="runs/<name> (holds metrics.jsonl)")
     p.add_argument("--out", type=Path, default=None, help="plot directory (default: <run_dir>/plots)")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard scalars to <run_dir>/tb")

@@ -1,6 +1,6 @@
 """Guards of a run directory: which run may write into ``runs/<name>/``, and what a resume may change.
 
-`check_run_dir(cfg, run_dir)` runs before anything is built (`jaxagent.train.jobs.prepare`, and
+`check_run_dir(cfg, run_dir)` runs before anything is built (`jaxagent.jobs.prepare`, and
 the tau2 host evaluation):
 
 - **Another job's results are never overwritten.** When ``runs/<name>/config.yaml`` exists and

@@ -304,7 +304,7 @@ class RunConfig:
                              f"(the most reward an episode of env.kind={self.env.kind!r} can get)")
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ValueError(f"name={self.name!r}: expected a directory name (no '/')")
-        from jaxagent.train.resume import check_overrides_known
+        from jaxagent.jobs.resume import check_overrides_known
 
         check_overrides_known(RunConfig, self.resume_overrides)
         if self.env.kind == "llm_user" and self.job in ("sft", "sft+rl"):

@@ -1,0 +1,173 @@
+"""Building a run from its `RunConfig`: tokenizer, model, environments, engine, sampling and
+episode settings, the per-step random draws, and `prepare` (the run directory checked and recorded)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxagent import configlib
+from jaxagent.jobs.config import BUILTIN_TOKENIZER, RunConfig
+from jaxagent.envs.base import CallableEnvFactory, EnvFactory
+from jaxagent.models import DTypePolicy, LogicalRules, QwenConfig, make_mesh, preset
+from jaxagent.models.generate import SamplingParams
+from jaxagent.models.hf import load_pretrained
+from jaxagent.models.sharding import init_params_sharded
+from jaxagent.rollout.engine import GenerationEngine
+from jaxagent.rollout.loop import EpisodeConfig
+from jaxagent.text.tokenizer import Tokenizer, load_tokenizer
+from jaxagent.jobs.runlog import RunLog
+
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- building blocks
+def tokenizer_path(spec: str) -> Path:
+    if spec == BUILTIN_TOKENIZER:
+        return PACKAGE / "data" / "tokenizers" / "gyms"
+    return Path(spec)
+
+
+def build_tokenizer(cfg: RunConfig) -> Tokenizer:
+    return load_tokenizer(tokenizer_path(cfg.tokenizer))
+
+
+def model_config(cfg: RunConfig, vocab_size: int) -> QwenConfig:
+    """The preset with the run's shape and initializer overrides (vocab rounded up to a multiple
+    of 64), or the checkpoint's config.json."""
+    m = cfg.model
+    dtype = DTypePolicy(m.param_dtype, m.dtype)
+    if m.path is not None:
+        hf = json.loads((Path(m.path) / "config.json").read_text())
+        return QwenConfig.from_hf_dict(hf, dtype=dtype, remat=m.remat)
+    overrides = {f: getattr(m, f) for f in ("hidden_size", "num_hidden_layers", "intermediate_size",
+                                            "num_attention_heads", "num_key_value_heads", "head_dim",
+                                            "initializer_range")
+                 if getattr(m, f) is not None}
+    return preset(m.preset, vocab_size=-(-vocab_size // 64) * 64, dtype=dtype, remat=m.remat,
+                  max_position_embeddings=max(cfg.rollout.capacity, 2048), **overrides)
+
+
+def build_model(cfg: RunConfig, tok: Tokenizer, rules: LogicalRules) -> tuple[QwenConfig, Any]:
+    m = cfg.model
+    if m.path is not None:
+        if (Path(m.path) / "config.json").is_file():  # else load_pretrained names what is missing
+            check_vocab(cfg, tok, model_config(cfg, tok.vocab_size))
+        return load_pretrained(m.path, dtype=DTypePolicy(m.param_dtype, m.dtype), rules=rules, remat=m.remat)
+    qcfg = model_config(cfg, tok.vocab_size)
+    return qcfg, init_params_sharded(jax.random.key(m.init_seed), qcfg, rules)
+
+
+def check_vocab(cfg: RunConfig, tok: Tokenizer, qcfg: QwenConfig) -> None:
+    """The tokenizer's ids all index the model's embedding (a larger tokenizer would feed ids past
+    the table: on accelerators a silent clamp, not an error)."""
+    if tok.vocab_size > qcfg.vocab_size:
+        raise configlib.ConfigError(
+            f"tokenizer={cfg.tokenizer!r}: its ids reach {tok.vocab_size - 1}, past the vocabulary of "
+            f"model.path={cfg.model.path!r} (vocab_size={qcfg.vocab_size}); expected the checkpoint's own tokenizer "
+            f"or one of at most {qcfg.vocab_size} ids")
+
+
+def build_env(cfg: RunConfig) -> tuple[EnvFactory, list[str], list[str]]:
+    """(environment family, train task ids, test task ids)."""
+    e = cfg.env
+    if e.kind == "tau2_retail":
+        from jaxagent.envs.tau2_retail.harness import Tau2EnvFactory
+
+        factory = Tau2EnvFactory(e.tau2)
+        factory.record(False)  # run_eval records its own episodes
+        ids = factory.task_ids
+        return factory, ids[: e.train_tasks], ids[: e.test_tasks]
+    if e.kind == "gym":
+        from jaxagent.envs.gyms import GYMS
+
+        spec = GYMS[e.gym]
+        return (CallableEnvFactory(lambda: spec.env(max_steps=e.max_steps, outcome=e.outcome)),
+                spec.make_tasks("train", e.train_tasks, e.task_seed),
+                spec.make_tasks("test", e.test_tasks, e.task_seed))
+    from jaxagent.envs.llm_user import LLMUserClient
+    from jaxagent.envs.user_env import LLMUserEnvFactory
+
+    path = Path(e.user_tasks)
+    try:
+        tasks = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise configlib.ConfigError(f"env.user_tasks={str(path)!r}: expected a readable JSON file of "
+                                    f"{{task_id: {{profile, opening}}}} ({err})") from None
+    ids = sorted(tasks)
+    n_test = min(e.test_tasks, max(1, len(ids) // 5))
+    chars = 8 * cfg.rollout.max_reply_tokens or None  # a runaway reply is not sent back to the simulator
+    factory = LLMUserEnvFactory(LLMUserClient(e.llm_user), tasks, max_user_turns=cfg.rollout.max_turns,
+                                max_reply_chars=chars)
+    return factory, ids[n_test:][: e.train_tasks], ids[:n_test]
+
+
+def sampling_params(cfg: RunConfig, tok: Tokenizer, *, temperature: float | None = None) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature if temperature is None else temperature, top_p=r.top_p,
+                          top_k=r.top_k, max_new_tokens=r.max_new_tokens, stop_tokens=tuple(tok.eos_token_ids))
+
+
+def episode_config(cfg: RunConfig) -> EpisodeConfig:
+    r = cfg.rollout
+    from jaxagent.jobs.config import episode_timeout_s
+
+    return EpisodeConfig(max_turns=r.max_turns, max_tokens=r.max_tokens, retries=r.retries,
+                         timeout_s=episode_timeout_s(cfg), tool_schemas_in_prompt=r.tool_schemas_in_prompt,
+                         max_reply_tokens=r.max_reply_tokens)
+
+
+def param_count(params) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+def step_key(seed: int, phase: str, i: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), {"sft": 1, "rl": 2, "eval": 3}[phase]), i)
+
+
+def step_rng(seed: int, phase: str, i: int) -> np.random.Generator:
+    return np.random.default_rng([seed, {"sft": 1, "rl": 2, "eval": 3}[phase], i])
+
+
+# ----------------------------------------------------------------------------- the run
+@dataclasses.dataclass
+class Run:
+    cfg: RunConfig
+    run_dir: Path
+    tok: Tokenizer
+    qcfg: QwenConfig
+    params: Any
+    rules: LogicalRules
+    make_env: EnvFactory
+    train_tasks: list[str]
+    test_tasks: list[str]
+    engine: GenerationEngine
+    log: RunLog
+
+
+def prepare(cfg: RunConfig) -> Run:
+    from jaxagent.jobs.resume import check_run_dir, record_config
+
+    run_dir = Path(cfg.runs_dir) / cfg.name
+    check_run_dir(cfg, run_dir)  # another job's results; resume=true with nothing; a changed config
+    if run_dir.exists() and not cfg.resume and any((run_dir / "checkpoints").glob("*/*")):
+        raise FileExistsError(f"{run_dir}: a run with checkpoints exists; set resume=true to continue it or pick "
+                              "another name=")
+    mesh = make_mesh(cfg.mesh)
+    rules = LogicalRules(mesh)
+    tok = build_tokenizer(cfg)
+    qcfg, params = build_model(cfg, tok, rules)
+    make_env, train_tasks, test_tasks = build_env(cfg)
+    r = cfg.rollout
+    park = r.park_rows if r.park_rows >= 0 else cfg.rl.group_size * cfg.rl.tasks_per_step
+    engine = GenerationEngine(params, qcfg, slots=r.slots, capacity=r.capacity, park_rows=park,
+                              decode_steps=r.decode_steps, vocab_limit=tok.vocab_size)
+    log = RunLog(run_dir, cfg.progress)
+    record_config(cfg, run_dir)  # config.yaml, or on a resume config.resume-<n>.yaml
+    return Run(cfg, run_dir, tok, qcfg, params, rules, make_env, train_tasks, test_tasks, engine, log)

@@ -1,0 +1,136 @@
+"""Evaluations: the policy on a run's held-out tasks (logged and checked), and host agents on
+tau2 retail (``job=eval agent=oracle|endpoint``: `run_host_eval`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jaxagent.jobs.build import Run, episode_config, sampling_params, step_key
+from jaxagent.rollout.metrics import failure_causes
+from jaxagent.train.rl import SimulatorFailureBudget
+
+
+def run_eval(run: Run, params, label: str, step: int, *, sampled: bool = True) -> dict[str, Any]:
+    """Evaluates ``params`` on the held-out tasks (greedy, and with ``sampled`` also
+    ``eval.sampled_k`` runs per task at the training temperature) and logs the record."""
+    from jaxagent.eval.rollouts import evaluate
+
+    cfg = run.cfg
+    tasks = run.test_tasks[: cfg.eval.tasks]
+    t0 = time.perf_counter()
+    envs = run.make_env
+    envs.record(True)  # families with per-episode reports (tau2 retail) keep this evaluation's
+    try:
+        m, trajs = evaluate(params, run.engine, envs, run.tok, tasks, k=cfg.eval.k,
+                            sampling=sampling_params(cfg, run.tok, temperature=cfg.eval.temperature),
+                            key=step_key(cfg.seed, "eval", step), episode=episode_config(cfg),
+                            success_threshold=cfg.rl.success_threshold)
+    finally:
+        envs.record(False)
+    reports = envs.drain()
+    if reports:
+        if len(reports) == len(trajs):  # both in episode-creation order (task-major, then the k runs)
+            for r, t in zip(reports, trajs):
+                r["rollout_termination"] = t.termination  # e.g. max_turns, simulator_failure
+        write_jsonl(run.run_dir / f"episodes_{label}_{step}.jsonl", reports)
+        write_jsonl(run.run_dir / f"tasks_{label}_{step}.jsonl", envs.per_task(reports))
+        m.update(envs.summarize(reports, k=cfg.eval.k))
+    if sampled and cfg.eval.sampled_k and cfg.eval.agent == "policy" and cfg.env.kind != "tau2_retail":
+        # the distribution RL trains (rollout.temperature), beside the greedy figure: what RL fixes first
+        ms, strajs = evaluate(params, run.engine, run.make_env, run.tok, tasks, k=cfg.eval.sampled_k,
+                              sampling=sampling_params(cfg, run.tok),
+                              key=jax.random.fold_in(step_key(cfg.seed, "eval", step), 1), episode=episode_config(cfg),
+                              success_threshold=cfg.rl.success_threshold)
+        m.update({f"sampled/{k}": ms[k] for k in ("success", "reward", "turns", "success_at_k_any", "k",
+                                                   "success_by_task", "reward_by_task", "simulator_failures")})
+        m["sampled/temperature"] = cfg.rollout.temperature
+        trajs = trajs + strajs
+    m["wall_s"] = time.perf_counter() - t0
+    run.log.log("eval", step, dict(m, label=label), show=("success", "sampled/success", "reward", "turns",
+                                                          "sim/failed_episodes", "label"))
+    try:
+        _check_eval_failures(trajs, label, step)
+    except SimulatorFailureBudget as e:
+        run.log.event("failure", step, {"of": "eval", "reason": str(e)})
+        raise
+    return m
+
+
+def _check_eval_failures(trajs, label: str, step: int) -> None:
+    """An evaluation whose every episode ended in ``simulator_failure`` measured nothing: before
+    training (``label="before"``, also job=eval's only one) the run stops (`SimulatorFailureBudget`);
+    later ones (during, after) say so on stderr and the run goes on (its checkpoints are kept)."""
+    if not trajs or any(t.termination != "simulator_failure" for t in trajs):
+        return
+    msg = (f"eval {label} (step {step}): all {len(trajs)} episodes ended in simulator_failure; "
+           f"{failure_causes(trajs)}")
+    if label == "before":
+        raise SimulatorFailureBudget(msg + "; stopping before any training")
+    print(f"WARNING: {msg}", file=sys.stderr, flush=True)
+
+
+def run_host_eval(cfg) -> dict[str, Any]:
+    """``job=eval`` with ``eval.agent`` oracle or endpoint on tau2 retail: writes
+    ``runs/<name>/{config.yaml, episodes.jsonl, tasks.jsonl, summary.json}``, prints a few lines
+    (`summary_text`, with ``progress``) and returns the summary without its per-task figures
+    (``success_by_task``, in summary.json) and with the files' paths (``files``)."""
+    from jaxagent.envs.llm_user import LLMUserClient
+    from jaxagent.envs.tau2_retail.agents import EndpointAgent, OracleAgent
+    from jaxagent.envs.tau2_retail.harness import Tau2EnvFactory, evaluate_host, per_task, summarize, summary_text
+    from jaxagent.jobs.resume import check_run_dir, record_config
+
+    t0 = time.perf_counter()
+    run_dir = Path(cfg.runs_dir) / cfg.name
+    check_run_dir(cfg, run_dir)  # never into another job's run directory (the key name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record_config(cfg, run_dir)
+
+    async def main():
+        factory = Tau2EnvFactory(cfg.env.tau2)
+        factory.record(False)  # the reports come back from `play`
+        # the agent samples at eval.temperature, as the local policy does
+        endpoint = cfg.eval.endpoint.client_config(cfg.eval.temperature) if cfg.eval.endpoint else None
+        client = LLMUserClient(endpoint) if cfg.eval.agent == "endpoint" else None
+        make_agent = (lambda: EndpointAgent(client)) if client is not None else OracleAgent
+        try:
+            return await evaluate_host(factory, make_agent, k=cfg.eval.k, concurrency=cfg.eval.concurrency,
+                                       max_turns=cfg.env.tau2.max_steps)
+        finally:
+            await factory.aclose()
+            if client is not None:
+                await client.aclose()
+
+    reports = asyncio.run(main())
+    write_jsonl(run_dir / "episodes.jsonl", reports)
+    rows = per_task(reports)
+    write_jsonl(run_dir / "tasks.jsonl", rows)
+    summary = {"name": cfg.name, "job": "eval", "env": "tau2_retail", "agent": cfg.eval.agent,
+               "customer": cfg.env.tau2.customer, "agent_temperature": cfg.eval.temperature,
+               **summarize(reports, scoring_mode=cfg.env.tau2.scoring, k=cfg.eval.k),
+               "wall_seconds": time.perf_counter() - t0}
+    summary["pass_hat_k"] = sum(r["success"] >= 1.0 for r in rows) / len(rows)  # tau2's pass^k: all k runs
+    summary["success_before"] = summary["success_after"] = summary["success"]
+    summary["steps"], summary["credit"] = 0, None
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    # The per-task figures stay in the files (summary.json's success_by_task, tasks.jsonl); what is
+    # returned (and printed by the launcher) is the summary without them, plus where the files are.
+    shown = {k: v for k, v in summary.items() if k != "success_by_task"}
+    shown["files"] = {name: str(run_dir / name) for name in ("summary.json", "tasks.jsonl", "episodes.jsonl")}
+    if cfg.progress:
+        print(summary_text(shown), file=sys.stderr, flush=True)
+    return shown
+
+
+def write_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """One JSON line per row (episode reports with their transcripts, per-task rows)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows)

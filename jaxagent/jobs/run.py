@@ -1,0 +1,146 @@
+"""The jobs behind ``python -m jaxagent.launch``: build everything from a `RunConfig` and run it.
+
+Host orchestration only; the math lives in `jaxagent.train.step`, `jaxagent.train.rl` and
+`jaxagent.credit`. A run writes to ``runs/<name>/``:
+
+- ``config.yaml``: the resolved configuration (of the first launch; each resume adds
+  ``config.resume-<n>.yaml``: `jaxagent.jobs.resume`, which also refuses a resume with a changed
+  config unless ``resume_overrides`` names the keys, and a launch into another job's run);
+- ``metrics.jsonl``: one JSON object per SFT log step, RL iteration and evaluation
+  (``{"phase": "sft" | "rl" | "eval", "step": ..., ...}``), appended and flushed as it goes; a
+  resume cuts it back to the restored checkpoint first and adds a ``{"phase": "resume", ...}``
+  record (the checkpoint it restored, damaged ones it moved aside); a run stopped by
+  `TrainingFailed` or `SimulatorFailureBudget` adds a ``{"phase": "failure", ...}`` record;
+- ``trajectories/iter_<i>.jsonl``: a sample of each RL iteration's episodes (re-scorable);
+- ``checkpoints/{sft,rl}/``: orbax checkpoints (see `jaxagent.train.checkpoint`);
+- ``hf/``: the final policy as a Hugging Face checkpoint (with the tokenizer's files);
+- ``tb/``: TensorBoard scalars, written as the run goes;
+- ``plots/``: reward and success, turns and response length, info gain by turn index (heatmap),
+  SFT loss (`jaxagent.eval.report`);
+- ``summary.json``: ``success_before``, ``success_after``, ``wall_seconds``, ``steps``, ``credit``,
+  the InfoPO diagnostics, ...
+
+Determinism: every random draw of step i (SFT batch, RL tasks, sampling keys) derives from
+``(seed, phase, i)``, so a resumed run replays exactly what the uninterrupted run would have done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import time
+from typing import Any
+
+import jax
+
+from jaxagent.jobs.config import RunConfig
+from jaxagent.models import save_pretrained
+from jaxagent.train.step import TrainingFailed
+from jaxagent.jobs.build import Run, param_count, prepare, tokenizer_path
+from jaxagent.jobs.evaluate import run_eval, run_host_eval
+from jaxagent.jobs.phases import run_rl, run_sft
+from jaxagent.jobs.runlog import json_default
+
+
+def run_job(cfg: RunConfig) -> dict[str, Any]:
+    """Runs ``cfg.job`` and returns (and writes) the summary."""
+    if cfg.job == "eval" and cfg.eval.agent != "policy":  # tau2 retail: the oracle or an HTTP endpoint
+        return run_host_eval(cfg)
+    t0 = time.perf_counter()
+    run = prepare(cfg)
+    before = _previous_eval(run, "before") if cfg.resume else None
+    if before is None:  # a random initialisation is not worth sampling (its episodes run to the limits)
+        before = run_eval(run, run.params, "before", 0, sampled=cfg.model.path is not None)
+    params, steps = run.params, 0
+    after_sft = None
+    if cfg.job in ("sft", "sft+rl"):
+        params = run_sft(run, params)
+        steps += cfg.sft.steps
+    if cfg.job == "sft+rl":  # the SFT policy alone: the summary attributes gains to SFT and to RL
+        after_sft = _previous_eval(run, "after_sft") if cfg.resume else None
+        if after_sft is None:
+            after_sft = run_eval(run, params, "after_sft", steps)
+    if cfg.job in ("rl", "sft+rl"):
+        params, rl_steps = run_rl(run, params)
+        steps += cfg.steps
+    after = run_eval(run, params, "after", steps) if cfg.job != "eval" else before
+    if cfg.checkpoint.export_hf and cfg.job != "eval":
+        _export(run, params)
+    summary = {
+        "name": cfg.name, "job": cfg.job, "credit": cfg.rl.credit if cfg.job in ("rl", "sft+rl") else None,
+        "gym": cfg.env.gym if cfg.env.kind == "gym" else None, "env": cfg.env.kind, "model_params": param_count(params),
+        "success_before": before["success"], "success_after": after["success"],
+        "reward_before": before["reward"], "reward_after": after["reward"],
+        "turns_before": before["turns"], "turns_after": after["turns"],
+        "eval_tasks": before["tasks"], "eval_k": before["k"], "steps": steps,
+        "wall_seconds": time.perf_counter() - t0, "devices": [str(d) for d in jax.devices()],
+    }
+    summary.update(attribution(before, after_sft, after, cfg))
+    run.log.close()
+    asyncio.run(run.make_env.aclose())  # tau2 retail, LLM users: the HTTP clients
+    from jaxagent.eval import report
+
+    metrics = report.read_metrics(run.run_dir / "metrics.jsonl")
+    summary["diagnostics"] = report.infopo_diagnostics(metrics)
+    summary["plots"] = [str(p.relative_to(run.run_dir)) for p in report.plot_run(metrics, run.run_dir / "plots")]
+    diag = summary["diagnostics"]
+    failure = None
+    if cfg.job in ("rl", "sft+rl") and cfg.rl.fail_on_collapse and diag.get("collapse"):
+        failure = (f"{run.run_dir}: RL collapsed ({'; '.join(diag.get('collapse_reasons') or [])}); the results are "
+                   "in summary.json (set rl.fail_on_collapse=false to exit 0 on a collapse)")
+        summary["failure"] = failure
+    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=json_default) + "\n")
+    if cfg.progress:
+        print(report.summary_table(before, after, after_sft=after_sft), file=sys.stderr, flush=True)
+    if failure is not None:
+        raise TrainingFailed(failure)
+    return summary
+
+
+def attribution(before: dict[str, Any], after_sft: dict[str, Any] | None, after: dict[str, Any],
+                cfg: RunConfig) -> dict[str, Any]:
+    """The summary's per-stage figures: success (greedy, and ``sampled_*`` at the training
+    temperature when evaluated) after SFT alone, and the gain each stage made: ``gain_sft`` =
+    after SFT - before, ``gain_rl`` = after - after SFT (sft+rl), or after - before for the one
+    stage of an sft or rl job."""
+    out: dict[str, Any] = {}
+    stages = {"sft": "sft", "rl": "rl", "sft+rl": None}.get(cfg.job)
+    for prefix, key in (("", "success"), ("sampled_", "sampled/success")):
+        if key not in after:
+            continue
+        if prefix:
+            out[f"{prefix}success_before"] = before.get(key)
+            out[f"{prefix}success_after"] = after[key]
+        if after_sft is not None:
+            out[f"{prefix}success_after_sft"] = after_sft.get(key)
+            out[f"{prefix}gain_sft"] = _diff(after_sft.get(key), before.get(key))
+            out[f"{prefix}gain_rl"] = _diff(after[key], after_sft.get(key))
+        elif stages is not None:
+            out[f"{prefix}gain_{stages}"] = _diff(after[key], before.get(key))
+    return out
+
+
+def _diff(a, b):
+    return None if a is None or b is None else float(a) - float(b)
+
+
+def _previous_eval(run: Run, label: str) -> dict[str, Any] | None:
+    for rec in run.log.read():
+        if rec.get("phase") == "eval" and rec.get("label") == label:
+            return rec
+    return None
+
+
+def _export(run: Run, params) -> None:
+    out = run.run_dir / "hf"
+    save_pretrained(out, run.qcfg, jax.device_get(params))
+    src = tokenizer_path(run.cfg.tokenizer)
+    if src.is_dir():
+        for f in src.iterdir():
+            if f.is_file() and not (out / f.name).exists() and f.name != "README.md":
+                shutil.copy2(f, out / f.name)
+
+
+__all__ = ["attribution", "run_job"]
