@@ -3,9 +3,10 @@
 A schema is a tree of ``@dataclasses.dataclass(frozen=True)`` classes whose fields all have
 defaults. Supported field types: ``int``, ``float`` (ints are accepted and converted), ``str``,
 ``bool`` (real bools only), ``Literal[...]`` of strings/ints, ``X | None``, ``tuple[T, ...]``
-(lists are accepted), ``dict[str, T]`` and nested dataclasses (given as mappings). A section may
-define ``validate(self)``; a ``ValueError`` raised there is reported as a :class:`ConfigError`
-under the section's dotted path. ``field(metadata={"help": "..."})`` adds a line to :func:`describe`.
+(lists are accepted), ``dict[str, T]`` and nested dataclasses (given as mappings). A section checks
+itself at construction (``__post_init__``); a ``ValueError`` raised there is reported as a
+:class:`ConfigError` under the section's dotted path. ``field(metadata={"help": "..."})`` adds a
+line to :func:`describe`.
 
 Example::
 
@@ -196,7 +197,7 @@ def from_dict(cls: type, data: Mapping[str, Any], *, path: str = "") -> Any:
     """Build the dataclass ``cls`` (and its nested sections) from ``data``, checking every value.
 
     Missing keys take the field defaults; unknown keys, wrongly typed values and failed
-    ``validate()`` checks raise :class:`ConfigError` naming the full dotted key (under ``path``).
+    construction checks (``__post_init__``) raise :class:`ConfigError` naming the full dotted key (under ``path``).
     """
     if not _is_dataclass_type(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
@@ -214,9 +215,7 @@ def from_dict(cls: type, data: Mapping[str, Any], *, path: str = "") -> Any:
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{_join(path, f.name)}: missing required key ({_type_name(hints[f.name])})")
     try:
-        obj = cls(**kwargs)
-        if callable(getattr(obj, "validate", None)):
-            obj.validate()
+        obj = cls(**kwargs)  # sections check themselves at construction (__post_init__)
     except ConfigError:
         raise
     except ValueError as e:

@@ -72,7 +72,8 @@ from jaxagent.jobs import (
     step_rng,
 )
 from jaxagent.train.rl import RLTrainer
-from jaxagent.train.step import TrainState, learning_rate, make_optimizer
+from jaxagent.models.sharding import batch_sharding
+from jaxagent.train.step import StepShardings, TrainState, learning_rate, make_optimizer, place_on_mesh
 
 
 def log(msg: str) -> None:
@@ -150,14 +151,16 @@ def main(argv=None) -> dict:
     engine = GenerationEngine(params, qcfg, slots=r.slots, capacity=r.capacity, park_rows=park,
                               decode_steps=r.decode_steps, vocab_limit=tok.vocab_size)
     tx = make_optimizer(cfg.optim)
-    state0 = TrainState.create(params, tx)  # never donated: each round starts from a copy
+    state0 = place_on_mesh(TrainState.create(params, tx), rules.mesh)  # never donated: rounds start from a copy
+    # the job's step: its shardings declared (jaxagent.jobs.phases.run_rl)
+    shardings = StepShardings.of(state0, batch_sharding(rules, shape=(cfg.rl.minibatch_size or n_batch, 1)))
 
     def trainer(credit: str) -> RLTrainer:
         return RLTrainer(jax.tree.map(jnp.copy, state0), tx, config=qcfg, tokenizer=tok, make_env=make_env,
                          settings=dataclasses.replace(cfg.rl, credit=credit), ppo=cfg.ppo,
                          sampling=sampling_params(cfg, tok), episode=episode_config(cfg), engine=engine,
                          infopo=cfg.infopo, faca=cfg.faca, grpo=cfg.grpo, ref_params=params,
-                         lr_schedule=learning_rate(cfg.optim))
+                         lr_schedule=learning_rate(cfg.optim), shardings=shardings)
 
     trainers = {"grpo": trainer("grpo"), "infopo": trainer(credit_info)}
     rng = step_rng(cfg.seed, "rl", 0)

@@ -1,11 +1,10 @@
-"""scripts/bench_rl_learns.py: the paired figures against hand-computed cases, the per-iteration
+"""`jaxagent.jobs.rl_learns` (scripts/bench_rl_learns.py): the paired figures against hand-computed cases, the per-iteration
 curves, the identical-rollouts check, and which overrides reach the warm starts and the RL runs."""
 
-import json
 
 import pytest
 
-from scripts import bench_rl_learns as b
+from jaxagent.jobs import rl_learns as b
 
 
 def _run(after_by_task, rl=(), first=None, greedy=None):

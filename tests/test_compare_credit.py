@@ -1,6 +1,7 @@
-"""scripts/compare_credit.py: the statistics against hand-computed cases, the figures read from a
-metrics file, the grid's overrides, skipping and failures (with a fake launcher), and one real
-end-to-end --quick run (SFT warm start -> two RL conditions from its HF export -> RESULTS.md)."""
+"""The credit comparison grid (`jaxagent.jobs.credit_grid`, run as scripts/compare_credit.py): the
+statistics against hand-computed cases, the figures read from a metrics file, the grid's
+overrides, skipping and failures (with a fake launcher), and one real end-to-end --quick run (SFT
+warm start -> two RL conditions from its HF export -> RESULTS.md)."""
 
 import copy
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scripts import compare_credit as cc
+from jaxagent.jobs import credit_grid as cc
 
 
 # ----------------------------------------------------------------------------- steps_to_threshold

@@ -66,7 +66,7 @@ def test_a_group_of_one_is_refused_for_every_group_normalised_credit():
 class Inner:
     x: int = 0
 
-    def validate(self):
+    def __post_init__(self):
         if self.x < 0:
             raise ValueError(f"x={self.x}: expected >= 0")
         if self.x == 7:

@@ -4,6 +4,9 @@ loss masks, noisy turns, token identity with the rollout loop, determinism, repr
 
 import asyncio
 import dataclasses
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -225,9 +228,11 @@ def test_input_errors():
 
 # ---------------------------------------------------------------------------------------------- script
 def test_script_reproduces_the_committed_files(tmp_path):
-    from scripts.make_gym_tokenizer import write
-
-    info = write(tmp_path / "gyms")
+    # the script as a user runs it (tests do not import scripts/): it prints what it wrote
+    script = ROOT / "scripts" / "make_gym_tokenizer.py"
+    out = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "gyms")], capture_output=True, text=True,
+                         timeout=900, check=True)
+    info = json.loads(out.stdout.strip().splitlines()[-1])
     committed = sorted(p.name for p in GYM_TOKENIZER.iterdir())
     assert info["files"] == committed
     for f in committed:

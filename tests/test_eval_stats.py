@@ -60,3 +60,23 @@ def test_bca_is_equivariant_under_shift_and_scale(d, shift, scale):
     tol = 1e-7 * (1 + abs(shift) + scale * np.abs(d).max())
     assert lo <= hi
     assert lo2 == pytest.approx(scale * lo + shift, abs=tol) and hi2 == pytest.approx(scale * hi + shift, abs=tol)
+
+
+def test_ties_keep_the_interval_equivariant_where_scipys_moves():
+    # Why eval.stats keeps its own BCa (module docstring): per-task success differences tie a lot,
+    # and a shift of the data changes which resampled means scipy counts below the observed one.
+    import warnings
+
+    d = np.array([0, 0, 1, 1, 0, 0.5, 0, 1, 0, 0, -1, 0.25])
+    shift = 0.1
+
+    def scipy_bca(x):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r = scipy.stats.bootstrap((x,), np.mean, method="BCa", n_resamples=2000,
+                                      random_state=np.random.default_rng(0)).confidence_interval
+        return np.array([r.low, r.high])
+
+    moved = np.abs(scipy_bca(d + shift) - (scipy_bca(d) + shift)).max()
+    ours = np.abs(np.array(bca_interval(d + shift, n=2000)) - (np.array(bca_interval(d, n=2000)) + shift)).max()
+    assert moved > 1e-3 and ours < 1e-12

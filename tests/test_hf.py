@@ -199,7 +199,7 @@ def test_live_parity_with_transformers(tmp_path, name):
     import torch
     import transformers
 
-    from scripts.make_fixtures import hf_logits, make_model, padded_batch
+    from tests.hf_reference import hf_logits, make_model, padded_batch
 
     arch, extra = LIVE_VARIANTS[name]
     hf_kwargs = dict(vocab_size=80, hidden_size=32, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,

@@ -45,3 +45,20 @@ def test_a_violation_is_reported(tmp_path):
     out = _lint(cfg, tmp_path)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "BROKEN" in out.stdout and "layered.core.math -> layered.host.io" in out.stdout
+
+
+def test_tests_never_import_scripts():
+    # scripts/ are command lines; what tests check lives in the package (or in tests/ helpers)
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "scripts"]
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.path.insert", "sys.path.append") \
+                    and "scripts" in ast.unparse(node):
+                offenders.append(f"{path.name}:{node.lineno} puts scripts/ on sys.path")
+    assert not offenders, offenders

@@ -99,11 +99,11 @@ def test_episode_metrics_hand_computed():
 
 def test_settings_errors_name_the_field():
     with pytest.raises(ValueError, match="credit='gpro'"):
-        RLSettings(credit="gpro").validate()
+        RLSettings(credit="gpro")
     with pytest.raises(ValueError, match="minibatch_size=3"):
-        RLSettings(group_size=2, tasks_per_step=2, minibatch_size=3).validate()
+        RLSettings(group_size=2, tasks_per_step=2, minibatch_size=3)
     with pytest.raises(ValueError, match="microbatches=3"):
-        RLSettings(group_size=2, tasks_per_step=2, microbatches=3).validate()
+        RLSettings(group_size=2, tasks_per_step=2, microbatches=3)
 
 
 def test_evaluate_averages_k_runs_per_task():

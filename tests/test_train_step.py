@@ -10,8 +10,8 @@ import pytest
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.models import LogicalRules, MeshConfig, init_params, make_mesh, preset, token_logprobs
 from jaxagent.models.sharding import batch_sharding, param_shardings
-from jaxagent.train.step import (OptimSettings, TrainState, learning_rate, make_optimizer, make_update, ppo_loss_fn,
-                                 sequence_scores, sft_loss_fn)
+from jaxagent.train.step import (OptimSettings, StepShardings, TrainState, learning_rate, make_optimizer, make_update,
+                                 place_on_mesh, ppo_loss_fn, sequence_scores, sft_loss_fn)
 
 CFG = preset("tiny-qwen2", vocab_size=48, max_position_embeddings=64)
 
@@ -135,3 +135,30 @@ def test_sharded_update_equals_single_device():
     leaf = jax.tree.leaves(state.params)[0]
     assert len(leaf.sharding.device_set) == 8
     np.testing.assert_allclose(m["loss"], ref_m["loss"], rtol=1e-5)
+
+
+def test_declared_shardings_keep_the_state_where_it_was():
+    # One jitted step with in/out shardings (StepShardings): the update equals the undeclared
+    # one, and every leaf of the returned state (the replicated counters and norm weights too)
+    # comes back on the sharding it went in with, update after update.
+    params = init_params(jax.random.key(5), CFG)
+    tx = optax.sgd(0.5)
+    loss = sft_loss_fn(CFG)
+    batch = _batch()
+    ref_state, ref_m = make_update(loss, tx, microbatches=2)(TrainState.create(jax.tree.map(jnp.copy, params), tx),
+                                                             batch)
+    rules = LogicalRules(make_mesh(MeshConfig(data=2, fsdp=4, tensor=1)))
+    state = place_on_mesh(TrainState.create(jax.device_put(params, param_shardings(CFG, rules)), tx), rules.mesh)
+    shardings = StepShardings.of(state, batch_sharding(rules, shape=batch["tokens"].shape))
+    update = make_update(loss, tx, microbatches=2, shardings=shardings)
+    before = jax.tree.map(lambda x: x.sharding, state)
+    state, m = update(state, shardings.put_batch(batch))
+    for a, b in zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(state.params)):
+        np.testing.assert_allclose(a, b, atol=2e-6)
+    np.testing.assert_allclose(m["loss"], ref_m["loss"], rtol=1e-5)
+    assert jax.tree.map(lambda x: x.sharding, state) == before
+    assert m["loss"].sharding.is_fully_replicated
+    state, _ = update(state, shardings.put_batch(batch))  # the same program again: no re-placement
+    assert jax.tree.map(lambda x: x.sharding, state) == before and update._cache_size() == 1
+    with pytest.raises(ValueError, match="not on a mesh"):
+        StepShardings.of(TrainState.create(params, tx), shardings.batch)  # counters not yet placed

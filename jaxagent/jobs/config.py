@@ -68,7 +68,7 @@ class ModelSection:
     initializer_range: float | None = _help(
         None, "std of the random initial weights (presets only; null: the preset's, 0.02 as transformers)")
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         from jaxagent.models import preset_names
 
         if self.initializer_range is not None and not self.initializer_range > 0:
@@ -100,7 +100,7 @@ class Tau2Section:
     max_steps: int = _help(200, "steps (agent messages, customer messages, tool-result batches) per episode")
     max_errors: int = _help(10, "error tool messages that end an episode")
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         if self.customer == "llm" and self.customer_llm is None:
             raise ValueError("customer='llm': expected env.tau2.customer_llm (base_url, model, ...)")
         if self.max_steps < 1 or self.max_errors < 1:
@@ -126,7 +126,7 @@ class EnvSection:
     user_tasks: str | None = _help(None, "llm_user: a JSON file {task_id: {profile, opening}}")
     tau2: Tau2Section = _field(default_factory=Tau2Section)
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         if self.kind == "llm_user" and (self.llm_user is None or self.user_tasks is None):
             raise ValueError("kind='llm_user': expected env.llm_user (base_url, model, ...) and env.user_tasks")
         if self.train_tasks < 1 or self.test_tasks < 1:
@@ -155,7 +155,7 @@ class RolloutSection:
              "0: no limit, rollout.max_tokens still holds)")
     tool_schemas_in_prompt: bool = _help(True, "render the tools' JSON schemas into the system prompt")
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         for f in ("slots", "capacity", "decode_steps", "max_new_tokens", "max_turns", "max_tokens"):
             _at_least(f, getattr(self, f), 1)
         _at_least("retries", self.retries, 0)
@@ -191,7 +191,7 @@ class SFTSection:
         0.5, "stop (non-zero exit) once more than this share of the SFT updates were skipped for non-finite "
              "values (checked at each logged step once 4 were made, and at the end; 1: never)")
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         if not 0.0 <= self.max_skipped_share <= 1.0:
             raise ValueError(f"max_skipped_share={self.max_skipped_share}: expected a number in [0, 1] (1: never stop)")
         if self.warmup_steps is not None and (isinstance(self.warmup_steps, bool) or self.warmup_steps < 0):
@@ -222,7 +222,7 @@ class EvalSection:
               "its temperature eval.temperature)")
     concurrency: int = _help(8, "agent=oracle/endpoint: episodes played at once")
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         _number_in("temperature", self.temperature, lo=0.0, what="a finite number >= 0 (0: greedy)")
         if self.agent == "endpoint" and self.endpoint is None:
             raise ValueError("agent='endpoint': expected eval.endpoint (base_url, model, ...)")
@@ -241,7 +241,7 @@ class CheckpointSection:
     async_save: bool = True
     export_hf: bool = _help(True, "write the final policy as a Hugging Face checkpoint")
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         _at_least("every", self.every, 0, what="an integer >= 0 (0: only at the end)")
         _at_least("keep", self.keep, 1, what="an integer >= 1 (checkpoints kept; resume needs one)")
 
@@ -285,7 +285,7 @@ class RunConfig:
     eval: EvalSection = _field(default_factory=lambda: EvalSection(tasks=64, every=0))
     checkpoint: CheckpointSection = _field(default_factory=CheckpointSection)
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         if self.steps < 0:
             raise ValueError(f"steps={self.steps}: expected >= 0")
         if self.job in ("rl", "sft+rl") and self.rl.group_size < 2:

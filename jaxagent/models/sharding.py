@@ -52,8 +52,8 @@ class MeshConfig:
     num_processes: int | None = None
     process_id: int | None = None
 
-    def validate(self) -> None:
-        """The axes' values alone (not yet the devices: `shape`)."""
+    def __post_init__(self) -> None:
+        """The axes' values alone, at construction (the devices: `shape`)."""
         dims = [self.data, self.fsdp, self.tensor]
         for name, d in zip(MESH_AXES, dims):
             if isinstance(d, bool) or not (d == -1 or (isinstance(d, int) and d >= 1)):
@@ -64,7 +64,6 @@ class MeshConfig:
     def shape(self, num_devices: int) -> tuple[int, int, int]:
         """The mesh's (data, fsdp, tensor) on ``num_devices`` devices; ValueError naming the
         ``mesh.*`` keys when it cannot be laid on them."""
-        self.validate()
         dims = [self.data, self.fsdp, self.tensor]
         known = int(np.prod([d for d in dims if d != -1]))
         if -1 in dims:

@@ -95,7 +95,7 @@ class RLSettings:
     failure_share: float = 0.5
     failure_budget_iters: int = 3
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         if self.credit not in CREDIT_METHODS:
             raise ValueError(f"credit={self.credit!r}: expected one of {', '.join(CREDIT_METHODS)}")
         for field in ("group_size", "tasks_per_step", "ppo_epochs", "microbatches", "length_multiple"):
@@ -166,7 +166,6 @@ class RLTrainer:
                  infopo: InfoPOConfig | None = None, faca: FacaConfig | None = None,
                  grpo: GRPOConfig = GRPOConfig(), ref_params: Any = None,
                  lr_schedule: optax.Schedule | None = None, shardings: StepShardings | None = None):
-        settings.validate()
         # the sampler's distribution: what the update, the reference and the info gain score
         self.view = sampler_view(sampling, tokenizer.vocab_size, config.vocab_size)
         self.state, self.config, self.tok = state, config, tokenizer

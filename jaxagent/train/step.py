@@ -58,7 +58,7 @@ class OptimSettings:
     decay_steps: int = 0  # cosine: steps after the warmup to reach final_lr_fraction * lr
     final_lr_fraction: float = 0.0
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         for field in ("lr", "weight_decay", "eps", "final_lr_fraction"):
             value = getattr(self, field)
             if not (math.isfinite(value) and value >= 0):
@@ -86,7 +86,6 @@ def learning_rate(cfg: OptimSettings) -> optax.Schedule:
 
 
 def make_optimizer(cfg: OptimSettings) -> optax.GradientTransformation:
-    cfg.validate()
     lr = learning_rate(cfg)
     if cfg.name == "adamw":
         opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
