@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -58,6 +59,11 @@ def all_equal(a, b) -> bool:
 
 
 def main() -> None:
+    t0 = time.perf_counter()
+
+    def mark(what: str) -> None:
+        print(f"process {PROCESS_ID}: {what} at {time.perf_counter() - t0:.1f}s", flush=True)
+
     mesh_cfg = MeshConfig(data=2, fsdp=4, distributed=NUM_PROCESSES > 1, coordinator_address=f"127.0.0.1:{PORT}",
                           num_processes=NUM_PROCESSES, process_id=PROCESS_ID)
     initialize_distributed(mesh_cfg)
@@ -78,6 +84,7 @@ def main() -> None:
     shardings = StepShardings.of(state, batch_sharding(rules, shape=host.shape))
     update = make_update(sft_loss_fn(cfg), tx, microbatches=2, shardings=shardings)
     state, m = update(state, shardings.put_batch({"tokens": host.tokens_BL, "loss_mask": host.loss_mask_BL}))
+    mark("sft update")
     out.update({"sft/loss": float(m["loss"]), "sft/grad_norm": float(m["grad_norm"]),
                 "sft/param_sum": param_sum(state.params)})
 
@@ -94,6 +101,7 @@ def main() -> None:
                         faca=FacaConfig(),
                         shardings=StepShardings.of(state, batch_sharding(rules, shape=(settings.minibatch_size, 1))))
     metrics = trainer.train_on(trajs, jax.random.key(2))
+    mark("rl update")
     for k in ("update/loss", "update/kl_ref", "update/grad_norm", "info/gain_mean", "updates"):
         out[f"rl/{k}"] = float(metrics[k])
     out["rl/param_sum"] = param_sum(trainer.state.params)
@@ -112,6 +120,7 @@ def main() -> None:
     out.update({"ckpt/restored_equal": same, "ckpt/next_iter": int(meta["next_iter"]),
                 "ckpt/param_sum": param_sum(restored["state"].params)})
     trainer.restore(restored)
+    mark("checkpoint saved and restored")
     if jax.process_index() == 0:
         (OUT / "result.json").write_text(json.dumps(out, indent=1))
     print(f"process {jax.process_index()} done", flush=True)

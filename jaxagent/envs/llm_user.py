@@ -60,8 +60,8 @@ from typing import Any, Self
 
 import httpx
 
-from jaxagent.envs.user_prompt import flip_roles, render_system_prompt
 from jaxagent.envs.user_config import LLMUserConfig
+from jaxagent.envs.user_prompt import flip_roles, render_system_prompt
 from jaxagent.envs.user_reply import parse_reply
 
 logger = logging.getLogger(__name__)

@@ -23,9 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jaxagent.envs.base import AgentMessage, EnvFactory, EnvMessage, Environment, Reset, Step
+from jaxagent.envs.base import AgentMessage, EnvFactory, Environment, EnvMessage, Reset, Step
 from jaxagent.envs.llm_user import LLMUserClient
-
 
 EMPTY_AGENT_TURN = "(the assistant said nothing)"
 

@@ -20,9 +20,9 @@ from jaxagent.envs.base import Environment
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.loop import EpisodeConfig, run_episodes
+from jaxagent.rollout.metrics import episode_metrics
 from jaxagent.rollout.trajectory import Trajectory
 from jaxagent.text.tokenizer import Tokenizer
-from jaxagent.rollout.metrics import episode_metrics
 
 
 def evaluate(params: Any, engine: GenerationEngine, make_env: Callable[[], Environment], tokenizer: Tokenizer,

@@ -12,8 +12,9 @@ import jax
 import numpy as np
 
 from jaxagent import configlib
-from jaxagent.jobs.config import BUILTIN_TOKENIZER, RunConfig
 from jaxagent.envs.base import CallableEnvFactory, EnvFactory
+from jaxagent.jobs.config import BUILTIN_TOKENIZER, RunConfig
+from jaxagent.jobs.runlog import RunLog
 from jaxagent.models import DTypePolicy, LogicalRules, QwenConfig, make_mesh, preset
 from jaxagent.models.generate import SamplingParams
 from jaxagent.models.hf import load_pretrained
@@ -21,8 +22,6 @@ from jaxagent.models.sharding import init_params_sharded
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.loop import EpisodeConfig
 from jaxagent.text.tokenizer import Tokenizer, load_tokenizer
-from jaxagent.jobs.runlog import RunLog
-
 
 PACKAGE = Path(__file__).resolve().parents[1]
 

@@ -10,15 +10,15 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxagent.jobs.build import Run, episode_config, sampling_params, step_key, step_rng
 from jaxagent.jobs.config import RunConfig
+from jaxagent.jobs.evaluate import run_eval
 from jaxagent.models.sharding import batch_sharding
 from jaxagent.rollout.batch import Row, build_batch
 from jaxagent.text.tokenizer import Tokenizer
 from jaxagent.train.rl import FailureBudget, RLTrainer, SimulatorFailureBudget
-from jaxagent.jobs.build import Run, episode_config, sampling_params, step_key, step_rng
-from jaxagent.jobs.evaluate import run_eval
-from jaxagent.train.step import (OptimSettings, StepShardings, place_on_mesh, TrainingFailed, TrainState, check_skipped_share,
-                                 learning_rate, make_optimizer, make_update, sft_loss_fn)
+from jaxagent.train.step import (OptimSettings, StepShardings, TrainingFailed, TrainState, check_skipped_share,
+                                 learning_rate, make_optimizer, make_update, place_on_mesh, sft_loss_fn)
 
 
 # ----------------------------------------------------------------------------- SFT

@@ -44,7 +44,6 @@ import numpy as np
 from jaxagent.eval.stats import paired_bca, percentile_interval
 from jaxagent.jobs import credit_grid as cc
 
-
 #: The warm start: the quickstart's SFT (600 steps on the imitable demonstrations with noise).
 SFT_SETTINGS = ("sft.steps=600", "eval.sampled_k=0")
 #: The RL settings (docs/RESULTS.md, "RL that learns"): 32 iterations of 64 episodes (8 tasks x 8)

@@ -35,13 +35,13 @@ from typing import Any
 
 import jax
 
-from jaxagent.jobs.config import RunConfig
-from jaxagent.models import save_pretrained
-from jaxagent.train.step import TrainingFailed
 from jaxagent.jobs.build import Run, param_count, prepare, tokenizer_path
+from jaxagent.jobs.config import RunConfig
 from jaxagent.jobs.evaluate import run_eval, run_host_eval
 from jaxagent.jobs.phases import run_rl, run_sft
 from jaxagent.jobs.runlog import json_default
+from jaxagent.models import save_pretrained
+from jaxagent.train.step import TrainingFailed
 
 
 def run_job(cfg: RunConfig) -> dict[str, Any]:

@@ -13,7 +13,6 @@ import jax
 import numpy as np
 
 
-
 # ----------------------------------------------------------------------------- run directory
 class RunLog:
     """``runs/<name>/``: metrics.jsonl (appended, flushed), live TensorBoard scalars and progress.

@@ -35,8 +35,8 @@ from typing import Any, Literal
 import numpy as np
 
 from jaxagent.credit.batch import CreditBatch
-from jaxagent.rollout.batch import HostBatch, Row, build_batch
 from jaxagent.credit.reaction import polarity_of
+from jaxagent.rollout.batch import HostBatch, Row, build_batch
 from jaxagent.text.spans import MessageSpan, RenderedChat
 
 Termination = Literal["done", "max_turns", "max_tokens", "simulator_failure", "format_error", "timeout"]

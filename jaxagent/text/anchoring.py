@@ -42,7 +42,6 @@ texts at the first difference. If that position cannot be found, a ChatTemplateE
 
 from __future__ import annotations
 
-
 from jaxagent.text.spans import CommittedMessage, PrefixBreak
 from jaxagent.text.template import ChatTemplateError
 

@@ -19,8 +19,8 @@ import numpy as np
 
 from jaxagent.credit.batch import CreditBatch
 from jaxagent.credit.fusion import infogain_valid_turns
-from jaxagent.credit.infogain import (InfoGainOutput, Mode, PlaceholderMode, shared_prefix_jit, vmapped_jit,
-                                      infogain_output)
+from jaxagent.credit.infogain import (InfoGainOutput, Mode, PlaceholderMode, infogain_output, shared_prefix_jit,
+                                      vmapped_jit)
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.qwen import Params, token_logprobs
 from jaxagent.rollout.batch import HostBatch, packed_length
