@@ -116,15 +116,21 @@ def test_sft_steps_fit_a_small_batch():
     assert int(state.step) == 60
 
 
-def test_sharded_update_equals_single_device():
-    params = init_params(jax.random.key(4), CFG)
-    # SGD: the comparison checks gradients; Adam's g / sqrt(v) would blow the last-ulp differences
-    # of a different reduction order up to lr-sized steps on near-zero gradients.
+def _single_device_sgd_update(seed):
+    """(params, tx, loss, batch, the single-device update's state and metrics) for a sharded run to
+    match. SGD: the comparison checks gradients; Adam's g / sqrt(v) would blow the last-ulp
+    differences of a different reduction order up to lr-sized steps on near-zero gradients."""
+    params = init_params(jax.random.key(seed), CFG)
     tx = optax.sgd(0.5)
     loss = sft_loss_fn(CFG)
     batch = _batch()
     ref_state, ref_m = make_update(loss, tx, microbatches=2)(TrainState.create(jax.tree.map(jnp.copy, params), tx),
                                                              batch)
+    return params, tx, loss, batch, ref_state, ref_m
+
+
+def test_sharded_update_equals_single_device():
+    params, tx, loss, batch, ref_state, ref_m = _single_device_sgd_update(4)
     mesh = make_mesh(MeshConfig(data=2, fsdp=4, tensor=1))
     rules = LogicalRules(mesh)
     sp = jax.device_put(params, param_shardings(CFG, rules))
@@ -141,12 +147,7 @@ def test_declared_shardings_keep_the_state_where_it_was():
     # One jitted step with in/out shardings (StepShardings): the update equals the undeclared
     # one, and every leaf of the returned state (the replicated counters and norm weights too)
     # comes back on the sharding it went in with, update after update.
-    params = init_params(jax.random.key(5), CFG)
-    tx = optax.sgd(0.5)
-    loss = sft_loss_fn(CFG)
-    batch = _batch()
-    ref_state, ref_m = make_update(loss, tx, microbatches=2)(TrainState.create(jax.tree.map(jnp.copy, params), tx),
-                                                             batch)
+    params, tx, loss, batch, ref_state, ref_m = _single_device_sgd_update(5)
     rules = LogicalRules(make_mesh(MeshConfig(data=2, fsdp=4, tensor=1)))
     state = place_on_mesh(TrainState.create(jax.device_put(params, param_shardings(CFG, rules)), tx), rules.mesh)
     shardings = StepShardings.of(state, batch_sharding(rules, shape=batch["tokens"].shape))
