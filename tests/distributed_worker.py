@@ -3,6 +3,8 @@ reference: the same work on a global 8-device (data 2 x fsdp 4) mesh of fake CPU
 
     python tests/distributed_worker.py PROCESS_ID NUM_PROCESSES PORT TRAJECTORIES OUT_DIR
 
+The coordinator is process 0 at ``$COORDINATOR_HOST:PORT`` (default 127.0.0.1: one machine).
+
 Each process holds 8 / NUM_PROCESSES devices (XLA_FLAGS, set by the caller). The work: one SFT
 update on the trajectories' tokens (loss on the agent's tokens), one RL update (`RLTrainer.train_on`,
 InfoPO + Faca credit, PPO with a KL term) on the same fixed episodes, an orbax checkpoint of the
@@ -14,6 +16,7 @@ saved arrays)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +25,7 @@ import jax
 
 PROCESS_ID, NUM_PROCESSES, PORT = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 TRAJECTORIES, OUT = Path(sys.argv[4]), Path(sys.argv[5])
+COORDINATOR = os.environ.get("COORDINATOR_HOST", "127.0.0.1")
 
 if NUM_PROCESSES > 1:  # CPU devices of several processes talk through gloo
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -64,7 +68,7 @@ def main() -> None:
     def mark(what: str) -> None:
         print(f"process {PROCESS_ID}: {what} at {time.perf_counter() - t0:.1f}s", flush=True)
 
-    mesh_cfg = MeshConfig(data=2, fsdp=4, distributed=NUM_PROCESSES > 1, coordinator_address=f"127.0.0.1:{PORT}",
+    mesh_cfg = MeshConfig(data=2, fsdp=4, distributed=NUM_PROCESSES > 1, coordinator_address=f"{COORDINATOR}:{PORT}",
                           num_processes=NUM_PROCESSES, process_id=PROCESS_ID)
     initialize_distributed(mesh_cfg)
     assert jax.process_count() == NUM_PROCESSES and jax.device_count() == 8, (jax.process_count(), jax.devices())
