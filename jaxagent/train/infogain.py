@@ -114,6 +114,7 @@ def compute_infogain(
     row_chunk: int | None = None,
     temperature: float = 1.0,
     host: HostBatch | None = None,
+    packed_multiple: int = 64,
 ) -> InfoGainOutput:
     """Dispatches to one of the three modes (host entry point; the vmapped and shared-prefix
     modes are single jitted calls). ``mode`` and ``placeholder_mode`` are `InfoPOConfig`'s
@@ -123,7 +124,9 @@ def compute_infogain(
     `token_logprobs`). ``temperature``: the log-probs are the policy's at the sampler's
     temperature (the distribution the RL trainer optimises; 1: the raw policy). ``host``: the
     same batch's host arrays (`jaxagent.rollout.batch.build_batch`), when the caller has them:
-    the packed lengths are then computed from them, with no device round trip."""
+    the packed length is then computed from them, with no device round trip. Without
+    ``packed_len``, the shared-prefix pass packs to the length its suffixes need rounded up to
+    ``packed_multiple`` (a static shape)."""
     if mode not in ("naive", "vmapped", "shared_prefix"):
         raise ValueError(f"mode={mode!r}: expected 'naive', 'vmapped' or 'shared_prefix'")
     if placeholder_mode not in ("replace", "overwrite"):
@@ -138,9 +141,9 @@ def compute_infogain(
         return vmapped_jit(params, batch, jnp.asarray(ph), config=config, factual_logp_BL=factual_logp_BL,
                             placeholder_mode=placeholder_mode, attn_impl=attn_impl, row_chunk=row_chunk,
                             temperature=temperature)
-    spans = host if host is not None else batch  # the packed lengths are host arithmetic over the spans
+    spans = host if host is not None else batch  # the packed length is host arithmetic over the spans
     need = packed_length(spans, int(ph.size), placeholder_mode, multiple=1)
-    packed_len = packed_len or packed_length(spans, int(ph.size), placeholder_mode)
+    packed_len = packed_len or -(-need // packed_multiple) * packed_multiple
     if packed_len < need:
         raise ValueError(f"packed_len={packed_len}: expected >= {need}, the trajectories plus all their "
                          "counterfactual suffixes (see packed_length)")

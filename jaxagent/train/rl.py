@@ -237,8 +237,7 @@ class RLTrainer:
         if self.infopo is not None:  # the packed length comes from the host arrays (no device round trip)
             out = compute_infogain(self.state.params, batch, self.ph_ids, config=self.config, mode=self.infopo.mode,
                                    placeholder_mode=self.infopo.placeholder_mode, host=host,
-                                   packed_len=host.packed_length(len(self.ph_ids), self.infopo.placeholder_mode,
-                                                                 multiple=self.settings.length_multiple),
+                                   packed_multiple=self.settings.length_multiple,
                                    row_chunk=self.settings.score_rows or None,
                                    temperature=self.view["temperature"])
             r_info = out.r_info_BT
