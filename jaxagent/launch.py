@@ -207,17 +207,16 @@ def check_paths(cfg: RunConfig, *, dry_run: bool = False) -> None:
 
 
 def check_processes(cfg: RunConfig) -> None:
-    """A job runs in one process: the in-flight rollout engine behind every policy job (the
-    evaluations, RL's episodes) is driven by one host, so in a multi-process run the processes
-    would issue different programs and wait on each other forever. The update step and the
-    checkpoints do run on a multi-process mesh (tests/test_distributed.py; docs/PODS.md)."""
+    """A multi-process run (``mesh.distributed``, docs/PODS.md) runs the policy jobs: each process
+    plays its share of the episodes on its own copy of the policy, all train on all of them on the
+    global mesh (`jaxagent.rollout.processes`). The host agents of ``job=eval`` (the tau2 oracle,
+    an endpoint) use no mesh: they run in one process."""
     import jax
 
-    if jax.process_count() > 1:
+    if jax.process_count() > 1 and cfg.job == "eval" and cfg.eval.agent != "policy":
         raise configlib.ConfigError(
-            f"mesh.distributed={cfg.mesh.distributed}: this launch is one of {jax.process_count()} processes; the jobs "
-            "run in one process (their rollout engine is driven by one host), expected one process with all its "
-            "devices (mesh.distributed=false), see docs/PODS.md")
+            f"eval.agent={cfg.eval.agent!r}: this launch is one of {jax.process_count()} processes, and a host agent "
+            "uses no devices; expected one process (mesh.distributed=false) or eval.agent=policy")
 
 
 def check_mesh(cfg: RunConfig) -> None:

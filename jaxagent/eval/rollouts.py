@@ -4,12 +4,13 @@
 (sampled with ``sampling``; temperature 0 makes the k runs identical) and returns
 `episode_metrics` over all of them plus ``success_at_k_any`` (the share of tasks solved by at
 least one of the k runs, pass@k) and the per-task success rates and mean rewards
-(``success_by_task``, ``reward_by_task``: the units paired comparisons resample).
+(``success_by_task``, ``reward_by_task``: the units paired comparisons resample). With several
+``processes``, each plays its share of the tasks and all return the same figures
+(`jaxagent.rollout.processes.play_episodes`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,8 +20,9 @@ import numpy as np
 from jaxagent.envs.base import Environment
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.rollout.loop import EpisodeConfig, run_episodes
+from jaxagent.rollout.loop import EpisodeConfig
 from jaxagent.rollout.metrics import episode_metrics
+from jaxagent.rollout.processes import ProcessGroup, play_episodes
 from jaxagent.rollout.trajectory import Trajectory
 from jaxagent.text.tokenizer import Tokenizer
 
@@ -28,14 +30,14 @@ from jaxagent.text.tokenizer import Tokenizer
 def evaluate(params: Any, engine: GenerationEngine, make_env: Callable[[], Environment], tokenizer: Tokenizer,
              tasks: Sequence[str], *, k: int, sampling: SamplingParams, key: jax.Array,
              episode: EpisodeConfig = EpisodeConfig(), success_threshold: float = 1.0,
-             ) -> tuple[dict[str, Any], list[Trajectory]]:
+             processes: ProcessGroup | None = None) -> tuple[dict[str, Any], list[Trajectory]]:
     if k < 1:
         raise ValueError(f"k={k}: expected an integer >= 1")
     if not tasks:
         raise ValueError("tasks: empty; expected at least one task id")
     engine.set_params(params)
-    trajs = asyncio.run(run_episodes(engine, make_env, tokenizer, list(tasks), group_size=k, sampling=sampling,
-                                     key=key, config=episode))
+    trajs = play_episodes(engine, make_env, tokenizer, tasks, group_size=k, sampling=sampling, key=key,
+                          config=episode, processes=processes)
     metrics = episode_metrics(trajs, success_threshold)
     ok = np.asarray([t.outcome_reward >= success_threshold - 1e-9 for t in trajs]).reshape(len(tasks), k)
     metrics["k"] = k

@@ -21,6 +21,7 @@ from jaxagent.models.hf import load_pretrained
 from jaxagent.models.sharding import init_params_sharded
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.loop import EpisodeConfig
+from jaxagent.rollout.processes import ProcessGroup
 from jaxagent.text.tokenizer import Tokenizer, load_tokenizer
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -148,16 +149,22 @@ class Run:
     test_tasks: list[str]
     engine: GenerationEngine
     log: RunLog
+    processes: ProcessGroup = dataclasses.field(default_factory=ProcessGroup)  # several: who plays, who writes
 
 
 def prepare(cfg: RunConfig) -> Run:
+    """Builds the run. In a multi-process run (docs/PODS.md) every process checks the run directory
+    (one path all of them see) before process 0 alone writes into it, and each process's engine
+    decodes with its own copy of the policy (`ProcessGroup.local_params`)."""
     from jaxagent.jobs.resume import check_run_dir, record_config
 
+    processes = ProcessGroup.current()
     run_dir = Path(cfg.runs_dir) / cfg.name
     check_run_dir(cfg, run_dir)  # another job's results; resume=true with nothing; a changed config
     if run_dir.exists() and not cfg.resume and any((run_dir / "checkpoints").glob("*/*")):
         raise FileExistsError(f"{run_dir}: a run with checkpoints exists; set resume=true to continue it or pick "
                               "another name=")
+    processes.barrier("jaxagent-run-dir-checked")  # every process has read it before process 0 writes
     mesh = make_mesh(cfg.mesh)
     rules = LogicalRules(mesh)
     tok = build_tokenizer(cfg)
@@ -166,7 +173,10 @@ def prepare(cfg: RunConfig) -> Run:
     r = cfg.rollout
     park = r.park_rows if r.park_rows >= 0 else cfg.rl.group_size * cfg.rl.tasks_per_step
     engine = GenerationEngine(params, qcfg, slots=r.slots, capacity=r.capacity, park_rows=park,
-                              decode_steps=r.decode_steps, vocab_limit=tok.vocab_size)
-    log = RunLog(run_dir, cfg.progress)
-    record_config(cfg, run_dir)  # config.yaml, or on a resume config.resume-<n>.yaml
-    return Run(cfg, run_dir, tok, qcfg, params, rules, make_env, train_tasks, test_tasks, engine, log)
+                              decode_steps=r.decode_steps, vocab_limit=tok.vocab_size,
+                              place=processes.local_params(qcfg))
+    log = RunLog(run_dir, cfg.progress, write=processes.is_main)
+    if processes.is_main:
+        record_config(cfg, run_dir)  # config.yaml, or on a resume config.resume-<n>.yaml
+    processes.barrier("jaxagent-run-dir-ready")
+    return Run(cfg, run_dir, tok, qcfg, params, rules, make_env, train_tasks, test_tasks, engine, log, processes)

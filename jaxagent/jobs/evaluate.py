@@ -32,23 +32,25 @@ def run_eval(run: Run, params, label: str, step: int, *, sampled: bool = True) -
         m, trajs = evaluate(params, run.engine, envs, run.tok, tasks, k=cfg.eval.k,
                             sampling=sampling_params(cfg, run.tok, temperature=cfg.eval.temperature),
                             key=step_key(cfg.seed, "eval", step), episode=episode_config(cfg),
-                            success_threshold=cfg.rl.success_threshold)
+                            success_threshold=cfg.rl.success_threshold, processes=run.processes)
     finally:
         envs.record(False)
-    reports = envs.drain()
+    # each process's reports are of its own episodes; in process order they are in episode order
+    reports = [r for part in run.processes.gather(envs.drain()) for r in part]
     if reports:
         if len(reports) == len(trajs):  # both in episode-creation order (task-major, then the k runs)
             for r, t in zip(reports, trajs):
                 r["rollout_termination"] = t.termination  # e.g. max_turns, simulator_failure
-        write_jsonl(run.run_dir / f"episodes_{label}_{step}.jsonl", reports)
-        write_jsonl(run.run_dir / f"tasks_{label}_{step}.jsonl", envs.per_task(reports))
+        if run.processes.is_main:
+            write_jsonl(run.run_dir / f"episodes_{label}_{step}.jsonl", reports)
+            write_jsonl(run.run_dir / f"tasks_{label}_{step}.jsonl", envs.per_task(reports))
         m.update(envs.summarize(reports, k=cfg.eval.k))
     if sampled and cfg.eval.sampled_k and cfg.eval.agent == "policy" and cfg.env.kind != "tau2_retail":
         # the distribution RL trains (rollout.temperature), beside the greedy figure: what RL fixes first
         ms, strajs = evaluate(params, run.engine, run.make_env, run.tok, tasks, k=cfg.eval.sampled_k,
                               sampling=sampling_params(cfg, run.tok),
                               key=jax.random.fold_in(step_key(cfg.seed, "eval", step), 1), episode=episode_config(cfg),
-                              success_threshold=cfg.rl.success_threshold)
+                              success_threshold=cfg.rl.success_threshold, processes=run.processes)
         m.update({f"sampled/{k}": ms[k] for k in ("success", "reward", "turns", "success_at_k_any", "k",
                                                    "success_by_task", "reward_by_task", "simulator_failures")})
         m["sampled/temperature"] = cfg.rollout.temperature

@@ -123,7 +123,8 @@ def _resume(run: Run, ckpt, phase: str, target, next_key: str, total: int, total
               f"{d.moved_to.name}, resuming from {'step ' + str(from_step) if from_step is not None else 'the start'}",
               file=sys.stderr, flush=True)
     check_not_shortened(run.cfg, phase, start, total, total_key)
-    dropped = run.log.truncate(after_checkpoint(phase, start))
+    dropped = run.log.truncate(after_checkpoint(phase, start))  # process 0's file (the others': 0)
+    run.processes.barrier(f"jaxagent-resume-{phase}")  # metrics.jsonl as it will be read from here on
     run.log.event("resume", start, {"of": phase, "checkpoint": from_step, "dropped_records": dropped,
                                     "damaged": [d.to_dict() for d in damaged]})
     if run.cfg.progress:
@@ -156,14 +157,16 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
                         ppo=cfg.ppo, sampling=sampling_params(cfg, run.tok), episode=episode_config(cfg),
                         engine=run.engine, infopo=cfg.infopo, faca=cfg.faca, grpo=cfg.grpo,
                         lr_schedule=learning_rate(cfg.optim),
-                        shardings=StepShardings.of(state, batch_sharding(run.rules, shape=(minibatch, 1))))
+                        shardings=StepShardings.of(state, batch_sharding(run.rules, shape=(minibatch, 1))),
+                        processes=run.processes)
     ckpt = Checkpointer(run.run_dir / "checkpoints" / "rl", keep=cfg.checkpoint.keep,
                         best_metric=cfg.checkpoint.best_metric, async_save=cfg.checkpoint.async_save)
     restored, start = _resume(run, ckpt, "rl", _abstract(trainer.checkpoint_tree()), "next_iter", cfg.steps, "steps")
     if restored is not None:
         trainer.restore(restored)
     traj_dir = run.run_dir / "trajectories"
-    traj_dir.mkdir(exist_ok=True)
+    if run.processes.is_main:
+        traj_dir.mkdir(exist_ok=True)
     last_eval: dict[str, Any] = {}
     if start:  # the evaluation the uninterrupted run would hold here (the checkpoints' best metric)
         from jaxagent.eval.report import read_metrics
@@ -179,9 +182,10 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
         metrics, trajs = trainer.iteration(tasks, step_key(cfg.seed, "rl", i))
         run.log.log("rl", i, metrics, show=("success", "reward", "turns", "info/gain_mean", "info/gate_mean",
                                              "update/kl_ref", "sim/failed_episodes", "tokens_per_s"))
-        with open(traj_dir / f"iter_{i:05d}.jsonl", "w", encoding="utf-8") as f:
-            for t in trajs[: 2 * cfg.rl.group_size]:
-                f.write(json.dumps(t.to_dict()) + "\n")
+        if run.processes.is_main:  # every process holds every episode (jaxagent.rollout.processes)
+            with open(traj_dir / f"iter_{i:05d}.jsonl", "w", encoding="utf-8") as f:
+                for t in trajs[: 2 * cfg.rl.group_size]:
+                    f.write(json.dumps(t.to_dict()) + "\n")
         try:
             budget.update(trajs, i)  # rl.failure_share / rl.failure_budget_iters
         except SimulatorFailureBudget as e:  # the last complete checkpoint stays

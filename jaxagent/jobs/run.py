@@ -80,19 +80,22 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
     summary.update(attribution(before, after_sft, after, cfg))
     run.log.close()
     asyncio.run(run.make_env.aclose())  # tau2 retail, LLM users: the HTTP clients
+    run.processes.barrier("jaxagent-log-closed")  # a multi-process run: process 0's metrics.jsonl is complete
     from jaxagent.eval import report
 
     metrics = report.read_metrics(run.run_dir / "metrics.jsonl")
     summary["diagnostics"] = report.infopo_diagnostics(metrics)
-    summary["plots"] = [str(p.relative_to(run.run_dir)) for p in report.plot_run(metrics, run.run_dir / "plots")]
+    if run.processes.is_main:  # process 0 alone writes the plots and the summary
+        summary["plots"] = [str(p.relative_to(run.run_dir)) for p in report.plot_run(metrics, run.run_dir / "plots")]
     diag = summary["diagnostics"]
     failure = None
     if cfg.job in ("rl", "sft+rl") and cfg.rl.fail_on_collapse and diag.get("collapse"):
         failure = (f"{run.run_dir}: RL collapsed ({'; '.join(diag.get('collapse_reasons') or [])}); the results are "
                    "in summary.json (set rl.fail_on_collapse=false to exit 0 on a collapse)")
         summary["failure"] = failure
-    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=json_default) + "\n")
-    if cfg.progress:
+    if run.processes.is_main:
+        (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=json_default) + "\n")
+    if cfg.progress and run.processes.is_main:
         print(report.summary_table(before, after, after_sft=after_sft), file=sys.stderr, flush=True)
     if failure is not None:
         raise TrainingFailed(failure)
@@ -134,8 +137,18 @@ def _previous_eval(run: Run, label: str) -> dict[str, Any] | None:
 
 
 def _export(run: Run, params) -> None:
+    """The policy as an HF checkpoint in ``hf/``: gathered from every process (a collective in a
+    multi-process run), written by process 0."""
+    if run.processes.multi:
+        from jax.experimental import multihost_utils
+
+        host = multihost_utils.process_allgather(params, tiled=True)
+    else:
+        host = jax.device_get(params)
+    if not run.processes.is_main:
+        return
     out = run.run_dir / "hf"
-    save_pretrained(out, run.qcfg, jax.device_get(params))
+    save_pretrained(out, run.qcfg, host)
     src = tokenizer_path(run.cfg.tokenizer)
     if src.is_dir():
         for f in src.iterdir():

@@ -19,18 +19,24 @@ class RunLog:
 
     Progress (``progress=True``): on a terminal, one tqdm bar per phase (`start`) whose postfix holds
     the live figures each `log` call names in ``show``; elsewhere (CI logs, pipes) one line per
-    logged step, so logs stay readable without carriage returns."""
+    logged step, so logs stay readable without carriage returns.
 
-    def __init__(self, run_dir: Path, progress: bool = True, *, tty: bool | None = None):
+    ``write=False`` (the processes of a multi-process run other than process 0): nothing is
+    written or shown, `read` still reads what process 0 wrote."""
+
+    def __init__(self, run_dir: Path, progress: bool = True, *, tty: bool | None = None, write: bool = True):
         self.dir = run_dir
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.progress = progress
+        self.write = write
+        self.progress = progress and write
         self.tty = sys.stderr.isatty() if tty is None else tty
         self._bars: dict[str, Any] = {}
-        self._metrics = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
-        from jaxagent.eval.report import TensorBoardWriter
+        self._metrics = self._tb = None
+        if write:
+            from jaxagent.eval.report import TensorBoardWriter
 
-        self._tb = TensorBoardWriter(self.dir / "tb")  # live scalars: tensorboard --logdir runs/
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._metrics = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
+            self._tb = TensorBoardWriter(self.dir / "tb")  # live scalars: tensorboard --logdir runs/
 
     def start(self, phase: str, total: int, initial: int = 0, desc: str | None = None) -> None:
         """Opens ``phase``'s progress bar (``total`` steps, ``initial`` already done), on a terminal."""
@@ -46,6 +52,8 @@ class RunLog:
             bar.close()
 
     def log(self, phase: str, step: int, metrics: dict[str, Any], show: tuple[str, ...] = ()) -> None:
+        if not self.write:
+            return
         rec = {"phase": phase, "step": step, "time": time.time(), **metrics}
         self._metrics.write(json.dumps(rec, default=json_default) + "\n")
         self._metrics.flush()
@@ -67,6 +75,8 @@ class RunLog:
     def event(self, phase: str, step: int, record: dict[str, Any]) -> None:
         """Appends a record to metrics.jsonl only (no TensorBoard scalar, no progress line): what
         happened to the run (``phase="resume"``: a resume, the checkpoints it found damaged)."""
+        if not self.write:
+            return
         rec = {"phase": phase, "step": step, "time": time.time(), **record}
         self._metrics.write(json.dumps(rec, default=json_default) + "\n")
         self._metrics.flush()
@@ -76,6 +86,8 @@ class RunLog:
         crash), atomically (`jaxagent.jobs.resume.truncate_metrics`); returns how many went."""
         from jaxagent.jobs.resume import truncate_metrics
 
+        if not self.write:
+            return 0
         self._metrics.close()
         try:
             return truncate_metrics(self.dir / "metrics.jsonl", drop)
@@ -92,8 +104,9 @@ class RunLog:
     def close(self) -> None:
         for phase in list(self._bars):
             self.end(phase)
-        self._metrics.close()
-        self._tb.close()
+        if self.write:
+            self._metrics.close()
+            self._tb.close()
 
 
 def json_default(x):

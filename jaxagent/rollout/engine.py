@@ -32,6 +32,7 @@ import asyncio
 import dataclasses
 import functools
 from collections import OrderedDict
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -145,11 +146,15 @@ class GenerationEngine:
     """
 
     def __init__(self, params: Params, config: QwenConfig, *, slots: int, capacity: int,
-                 park_rows: int = 0, decode_steps: int = 8, vocab_limit: int | None = None):
+                 park_rows: int = 0, decode_steps: int = 8, vocab_limit: int | None = None,
+                 place: Callable[[Params], Params] | None = None):
         for name, value, lo in (("slots", slots, 1), ("park_rows", park_rows, 0), ("decode_steps", decode_steps, 1)):
             if not isinstance(value, int) or value < lo:
                 raise ValueError(f"{name}={value!r}: expected an integer >= {lo}")
-        self.params, self.config = params, config
+        # where the engine's copy of the weights lives: as given, or on this process's devices in a
+        # multi-process run (`jaxagent.rollout.processes.ProcessGroup.local_params`)
+        self.place = place or (lambda p: p)
+        self.params, self.config = self.place(params), config
         self.slots, self.capacity, self.vocab_limit = slots, capacity, vocab_limit
         self.decode_steps = decode_steps
         self.cache = init_cache(config, slots, capacity)
@@ -230,7 +235,7 @@ class GenerationEngine:
         ones, so all lanes and park rows are forgotten. Only between batches of requests."""
         if any(r is not None for r in self.running) or self.pending:
             raise RuntimeError("set_params: requests are in flight; call it between rollout batches")
-        self.params = params
+        self.params = self.place(params)
         self.owner = [None] * self.slots
         self.held = [[] for _ in range(self.slots)]
         self.lru.clear()

@@ -251,10 +251,14 @@ async def run_episodes(
     sampling: SamplingParams,
     key: jax.Array,
     config: EpisodeConfig = EpisodeConfig(),
+    first_group: int = 0,
 ) -> list[Trajectory]:
-    """``group_size`` episodes per task, all concurrently; group ids follow the task order."""
+    """``group_size`` episodes per task, all concurrently; group ids follow the task order from
+    ``first_group`` (the key of episode i of group g is ``fold_in(key, g * group_size + i)``), so
+    a block of a task list played with its first group's index gives the episodes the whole list
+    gives for those tasks (`jaxagent.rollout.processes`)."""
     coros = []
-    for g, task in enumerate(tasks):
+    for g, task in enumerate(tasks, start=first_group):
         for i in range(group_size):
             coros.append(run_episode(engine, make_env(), tokenizer, task_id=task, seed=i, group_id=g,
                                      sampling=sampling, key=jax.random.fold_in(key, g * group_size + i),

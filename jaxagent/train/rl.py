@@ -35,7 +35,6 @@ whose simulator keeps failing (`SimulatorFailureBudget`).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -54,8 +53,9 @@ from jaxagent.envs.base import Environment
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.rollout.loop import EpisodeConfig, run_episodes
+from jaxagent.rollout.loop import EpisodeConfig
 from jaxagent.rollout.metrics import episode_metrics, failure_causes
+from jaxagent.rollout.processes import ProcessGroup, play_episodes
 from jaxagent.rollout.trajectory import Trajectory, collate_host
 from jaxagent.text.chat import ChatRenderer
 from jaxagent.text.tokenizer import Tokenizer
@@ -165,7 +165,8 @@ class RLTrainer:
                  sampling: SamplingParams, episode: EpisodeConfig, engine: GenerationEngine,
                  infopo: InfoPOConfig | None = None, faca: FacaConfig | None = None,
                  grpo: GRPOConfig = GRPOConfig(), ref_params: Any = None,
-                 lr_schedule: optax.Schedule | None = None, shardings: StepShardings | None = None):
+                 lr_schedule: optax.Schedule | None = None, shardings: StepShardings | None = None,
+                 processes: ProcessGroup | None = None):
         # the sampler's distribution: what the update, the reference and the info gain score
         self.view = sampler_view(sampling, tokenizer.vocab_size, config.vocab_size)
         self.state, self.config, self.tok = state, config, tokenizer
@@ -179,6 +180,7 @@ class RLTrainer:
         # The frozen reference policy (KL term): a copy of the initial weights by default.
         self.ref_params = ref_params if ref_params is not None else jax.tree.map(jnp.copy, state.params)
         self.shardings = shardings
+        self.processes = processes  # several: each plays its share of the episodes, all train on all
         self.update = make_update(ppo_loss_fn(config, ppo, **self.view), tx, microbatches=settings.microbatches,
                                   agg=ppo.agg, lr_schedule=lr_schedule, shardings=shardings)
         self.scores = _jit_scores(config, settings.score_rows or None, **self.view)
@@ -198,9 +200,8 @@ class RLTrainer:
     # ------------------------------------------------------------------ rollouts
     def rollout(self, tasks: Sequence[str], key: jax.Array) -> list[Trajectory]:
         self.engine.set_params(self.state.params)
-        return asyncio.run(run_episodes(self.engine, self.make_env, self.tok, list(tasks),
-                                        group_size=self.settings.group_size, sampling=self.sampling, key=key,
-                                        config=self.episode))
+        return play_episodes(self.engine, self.make_env, self.tok, tasks, group_size=self.settings.group_size,
+                             sampling=self.sampling, key=key, config=self.episode, processes=self.processes)
 
     # ------------------------------------------------------------------ one iteration
     def iteration(self, tasks: Sequence[str], key: jax.Array) -> tuple[dict[str, float], list[Trajectory]]:
@@ -232,6 +233,8 @@ class RLTrainer:
         # Turns padded to the episode limit (padded turns are invalid: no credit, no statistic), so
         # the credit's compiled shapes depend on the lengths only, not on each batch's longest episode.
         host = collate_host(rows, multiple=self.settings.length_multiple, turns=max(n_turns, self.episode.max_turns))
+        if self.processes is not None:  # several processes: each reads its rows from its own copy
+            self.processes.check_same("the RL batch", host.tokens_BL, host.loss_mask_BL, host.logprobs_BL)
         batch, old_lp = host.credit_batch(), host.logprobs_BL
         r_info = None
         if self.infopo is not None:  # the packed length comes from the host arrays (no device round trip)
