@@ -1,0 +1,1 @@
+"""Q&D (questioner and drafter): need graphs, transcript metrics, the questioner-drafter loop."""
