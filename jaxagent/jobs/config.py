@@ -29,7 +29,7 @@ from jaxagent.models.sharding import MeshConfig
 from jaxagent.train.rl import RLSettings
 from jaxagent.train.step import OptimSettings
 
-JOBS = ("sft", "rl", "sft+rl", "eval")
+JOBS = ("sft", "rl", "sft+rl", "eval", "qd_eval")
 GYM_NAMES = ("intention", "telepathy", "function", "preference")
 BUILTIN_TOKENIZER = "builtin:gyms"
 
@@ -246,10 +246,67 @@ class CheckpointSection:
         _at_least("keep", self.keep, 1, what="an integer >= 1 (checkpoints kept; resume needs one)")
 
 
+QUESTIONERS = ("scripted", "never_ask", "policy", "endpoint")
+
+
+@dataclasses.dataclass(frozen=True)
+class QDSection:
+    """``job=qd_eval``: questioners on a retrieval QA suite (docs/QD.md)."""
+
+    benchmark: Literal["musique", "strategyqa", "2wiki", "synthetic"] = _help(
+        "musique", "the suite (its shipped file unless qd.file; synthetic: a file of python -m jaxagent.qd.synthetic)")
+    file: str | None = _help(None, "a benchmark file in the release's format (null: the shipped one)")
+    paragraphs: str | None = _help(None, "strategyqa: the paragraphs file (null: the shipped one)")
+    first_task: int = _help(0, "the suite's tasks from this position on (file order; usable records only)")
+    tasks: int = _help(100, "tasks evaluated (fewer when the file has fewer)")
+    seeds: int = _help(2, "rollout seeds per task (0 .. seeds-1)")
+    questioner: Literal["scripted", "never_ask", "policy", "endpoint"] = _help(
+        "scripted", "the arm: scripted heuristic (no model), never_ask, policy (model.path / preset through the "
+                    "engine), endpoint (qd.questioner_endpoint)")
+    questioner_endpoint: LLMUserConfig | None = None
+    baseline: Literal["none", "scripted", "never_ask", "policy", "endpoint"] = _help(
+        "none", "a second arm on the same tasks and seeds, compared with the first (paired, BCa); none: one arm")
+    baseline_endpoint: LLMUserConfig | None = None
+    drafter: Literal["extractive", "endpoint"] = _help(
+        "extractive", "extractive: the offline stand-in (no model, labelled in every report); endpoint: "
+                      "qd.drafter_endpoint")
+    drafter_endpoint: LLMUserConfig | None = None
+    answerer: Literal["extractive", "endpoint"] = "extractive"
+    answerer_endpoint: LLMUserConfig | None = None
+    cap: int = _help(8, "retrieval calls per run (own stop)")
+    max_turns: int = _help(16, "questioner decisions per run")
+    retries: int = _help(2, "more tries of a failed drafter / answerer call before the run is marked failed")
+    concurrency: int = _help(16, "runs played at once")
+    depth_rule: Literal["longest", "shortest"] = "longest"
+    frontier_caps: tuple[int, ...] = _help((4, 8, 12, 16, 24), "the budget frontier's caps (read as prefixes)")
+    bootstrap: int = _help(10_000, "resamples of the printed BCa intervals")
+    max_failed_share: float = _help(0.5, "stop (non-zero exit) when more runs than this share failed")
+    temperature: float = _help(0.7, "questioner=policy: sampling temperature (0: greedy)")
+    max_new_tokens: int = _help(400, "questioner=policy: tokens per decision")
+
+    def __post_init__(self) -> None:
+        for f in ("tasks", "seeds", "concurrency", "bootstrap", "max_new_tokens"):
+            _at_least(f, getattr(self, f), 1)
+        for f in ("first_task", "cap", "max_turns", "retries"):
+            _at_least(f, getattr(self, f), 0)
+        if not self.frontier_caps or any(c < 0 for c in self.frontier_caps):
+            raise ValueError(f"frontier_caps={list(self.frontier_caps)}: expected non-negative integers")
+        _number_in("max_failed_share", self.max_failed_share, lo=0.0, hi=1.0, what="a number in [0, 1]")
+        _number_in("temperature", self.temperature, lo=0.0, what="a finite number >= 0 (0: greedy)")
+        for role in ("questioner", "baseline", "drafter", "answerer"):
+            if getattr(self, role) == "endpoint" and getattr(self, f"{role}_endpoint") is None:
+                raise ValueError(f"{role}='endpoint': expected qd.{role}_endpoint (base_url, model, ...)")
+        if self.benchmark == "synthetic" and self.file is None:
+            raise ValueError("benchmark='synthetic': expected qd.file (python -m jaxagent.qd.synthetic OUT.json "
+                             "writes one)")
+        if self.baseline == self.questioner and self.baseline not in ("endpoint", "policy"):
+            raise ValueError(f"baseline={self.baseline!r}: the same arm as qd.questioner; expected another arm or none")
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     name: str = _help("quickstart", "runs/<name>/ holds everything the run writes")
-    job: Literal["sft", "rl", "sft+rl", "eval"] = "sft+rl"
+    job: Literal["sft", "rl", "sft+rl", "eval", "qd_eval"] = "sft+rl"
     runs_dir: str = "runs"
     seed: int = 0
     steps: int = _help(32, "RL iterations")
@@ -284,6 +341,7 @@ class RunConfig:
     sft: SFTSection = _field(default_factory=SFTSection)
     eval: EvalSection = _field(default_factory=lambda: EvalSection(tasks=64, every=0))
     checkpoint: CheckpointSection = _field(default_factory=CheckpointSection)
+    qd: QDSection = _field(default_factory=QDSection)
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -317,6 +375,10 @@ class RunConfig:
             raise ValueError("tokenizer='builtin:gyms': the gyms' closed vocabulary cannot spell tau2 retail text; "
                              "expected a tokenizer directory (e.g. the checkpoint's, as model.path)")
         check_timeout(self)
+        if self.job == "qd_eval" and "policy" in (self.qd.questioner, self.qd.baseline) \
+                and self.tokenizer == BUILTIN_TOKENIZER:
+            raise ValueError("tokenizer='builtin:gyms': the gyms' closed vocabulary cannot spell retrieval QA text; "
+                             "expected a tokenizer directory for qd.questioner=policy (e.g. the checkpoint's)")
 
 
 #: ``rollout.timeout_s`` when null and no environment call goes over HTTP (gyms, tau2's scripted customer),
@@ -391,6 +453,8 @@ def default_name(cfg: RunConfig) -> str:
     (sft+rl on the intention gym), else ``<job>-<gym or env.kind>`` (e.g. ``eval-tau2_retail``),
     so runs of other jobs do not land in the quickstart's directory."""
     env = cfg.env.gym if cfg.env.kind == "gym" else cfg.env.kind
+    if cfg.job == "qd_eval":
+        return f"qd_eval-{cfg.qd.benchmark}"
     if (cfg.job, cfg.env.kind, cfg.env.gym) == ("sft+rl", "gym", "intention"):
         return "quickstart"
     return f"{cfg.job}-{env}"
@@ -408,5 +472,5 @@ def load_config(path: str | Path | None = None, overrides=()) -> RunConfig:
 
 
 __all__ = ["BUILTIN_TOKENIZER", "GYM_NAMES", "JOBS", "CheckpointSection", "EnvSection", "EvalSection",
-           "ModelSection", "RolloutSection", "RunConfig", "SFTSection", "Tau2Section", "check_timeout", "default_name",
+           "ModelSection", "QDSection", "RolloutSection", "RunConfig", "SFTSection", "Tau2Section", "check_timeout", "default_name",
            "env_max_reward", "episode_timeout_s", "load_config", "simulator_budget_s", "simulator_clients"]

@@ -11,7 +11,7 @@ deleted (the task's independent lines); `NeedGraph.components`: the components o
 Builders (the Q&D spec's §2.4-2.6): `musique_graph`, `strategyqa_graph`, `wiki2_graph`;
 `build_graph` picks by benchmark. As a command, the shapes of a whole file:
 
-    python -m jaxagent.qd.graphs --benchmark musique|strategyqa|2wiki [FILE] [--paragraphs FILE] [--json]
+    python -m jaxagent.qd.graphs --benchmark musique|strategyqa|2wiki|synthetic [FILE] [--paragraphs FILE] [--json]
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def build_graphs(benchmark: str, path=None, paragraphs=None) -> list[tuple[QATas
 
         corpus = strategyqa_corpus(read_json(paragraphs or SHIPPED_PARAGRAPHS, "StrategyQA paragraphs"))
         return [(t, strategyqa_graph(r, t, corpus)) for r, t in suite]
-    build = musique_graph if benchmark == "musique" else wiki2_graph
+    build = musique_graph if benchmark in ("musique", "synthetic") else wiki2_graph
     return [(t, build(r, t)) for r, t in suite]
 
 

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "qd"
-BENCHMARKS = ("musique", "strategyqa", "2wiki")
-#: top-k per benchmark (spec §1.3)
-TOP_K = {"musique": 5, "strategyqa": 2, "2wiki": 3}
+BENCHMARKS = ("musique", "strategyqa", "2wiki", "synthetic")
+#: top-k per benchmark (spec §1.3); synthetic suites (`jaxagent.qd.synthetic`) are MuSiQue-format files
+TOP_K = {"musique": 5, "strategyqa": 2, "2wiki": 3, "synthetic": 2}
 SHIPPED = {"musique": DATA / "musique" / "musique_train_100.json",
            "strategyqa": DATA / "strategyqa" / "strategyqa_dev_229.json",
            "2wiki": DATA / "wiki2" / "2wiki_train_500.json"}
@@ -71,8 +71,9 @@ def _need(record: Mapping[str, Any], key: str, what: str, where: str):
 
 
 # ----------------------------------------------------------------------------- MuSiQue
-def musique_task(record: Mapping[str, Any]) -> QATask | None:
-    """The task of a MuSiQue record (None when ``answerable`` is false)."""
+def musique_task(record: Mapping[str, Any], benchmark: str = "musique") -> QATask | None:
+    """The task of a MuSiQue record (None when ``answerable`` is false); ``benchmark="synthetic"``
+    for the synthetic suites, written in the same format."""
     tid = str(_need(record, "id", "the task id", "musique record"))
     if not record.get("answerable", True):
         return None
@@ -80,8 +81,8 @@ def musique_task(record: Mapping[str, Any]) -> QATask | None:
     pool = tuple(Unit(int(p["idx"]), str(p["idx"]), p["title"], p["paragraph_text"]) for p in paras)
     if [u.index for u in pool] != list(range(len(pool))):
         raise ValueError(f"{tid}: paragraphs idx {[u.index for u in pool]}; expected 0..{len(pool) - 1}")
-    return QATask("musique", tid, record["question"], record["answer"], tuple(record.get("answer_aliases") or ()),
-                  pool, TOP_K["musique"], kind=tid.split("__")[0])
+    return QATask(benchmark, tid, record["question"], record["answer"], tuple(record.get("answer_aliases") or ()),
+                  pool, TOP_K[benchmark], kind=tid.split("__")[0])
 
 
 # ----------------------------------------------------------------------------- StrategyQA
@@ -157,6 +158,9 @@ def load_records(benchmark: str, path: Path | str | None = None) -> list[dict[st
     """A benchmark file's records (the shipped one by default)."""
     if benchmark not in BENCHMARKS:
         raise ValueError(f"benchmark={benchmark!r}: expected one of {', '.join(BENCHMARKS)}")
+    if path is None and benchmark not in SHIPPED:
+        raise ValueError(f"benchmark={benchmark!r}: no file ships with the package; expected a file "
+                         "(python -m jaxagent.qd.synthetic writes one)")
     data = read_json(path or SHIPPED[benchmark], f"{benchmark} records")
     if not isinstance(data, list):
         raise ValueError(f"{path or SHIPPED[benchmark]}: a {type(data).__name__}; expected a list of {benchmark} records")
@@ -172,8 +176,8 @@ def load_suite(benchmark: str, path: Path | str | None = None, paragraphs: Path 
     if benchmark == "strategyqa":
         corpus = strategyqa_corpus(read_json(paragraphs or SHIPPED_PARAGRAPHS, "StrategyQA paragraphs"))
         built = [(r, strategyqa_task(r, corpus)) for r in records]
-    elif benchmark == "musique":
-        built = [(r, musique_task(r)) for r in records]
+    elif benchmark in ("musique", "synthetic"):
+        built = [(r, musique_task(r, benchmark)) for r in records]
     else:
         built = [(r, wiki2_task(r)) for r in records]
     return [(r, t) for r, t in built if t is not None]

@@ -1,0 +1,255 @@
+"""The loop's roles (host code): questioners, drafters and answerers (the Q&D spec's §1.1).
+
+Questioners (each an `act(state, key)` coroutine returning the raw reply and its token counts):
+
+- `NeverAsk`: the never-ask baseline (STOP at once);
+- `ScriptedQuestioner`: a heuristic that needs no model: it asks the task question first, then
+  about each entity newly named by the evidence (the titles of new units, then capitalised names
+  in their text), most task-relevant first, and stops when no unasked entity is left or two
+  questions in a row brought nothing new;
+- `PolicyQuestioner`: a local JAX model through the in-flight `GenerationEngine` (each decision a
+  fresh chat prompt, thinking disabled, up to 400 new tokens);
+- `EndpointQuestioner`: any OpenAI-compatible chat endpoint (`LLMUserClient`: retries, Retry-After).
+
+Drafters resolve each question from the held evidence (a reply of at most 300 words) and rewrite
+the draft from all of it (at most 700 words, a function of the task and the held set); answerers
+write the final answer (its first 30 words are kept). `ExtractiveDrafter` / `ExtractiveAnswerer`
+are **offline stand-ins that need no model** (sentences picked by word overlap), labelled as such
+in every report; `EndpointDrafter` / `EndpointAnswerer` call an OpenAI-compatible endpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import jax
+
+from jaxagent.envs.llm_user import LLMUserClient
+from jaxagent.envs.retrieval_qa.bm25 import tokenize
+from jaxagent.envs.retrieval_qa.tasks import QATask, Unit
+from jaxagent.qd.prompts import STOP_JSON, ask_json
+
+REPLY_WORDS, DRAFT_WORDS, ANSWER_WORDS = 300, 700, 30
+DRAFTER_EVIDENCE_CHARS = 1200
+QUESTIONER_MAX_TOKENS = 400
+
+
+def first_words(text: str, n: int) -> str:
+    return " ".join(text.split()[:n])
+
+
+@dataclasses.dataclass(frozen=True)
+class QDState:
+    """What the questioner acts on at one decision point."""
+
+    task: QATask
+    held: tuple[int, ...]  # pool indices held, in the order they arrived
+    new: tuple[int, ...]  # those the last question added
+    draft: str
+    history: tuple[tuple[str, str], ...]  # (question, drafter's reply) per executed question
+    prompt: str  # `render_state` of the above
+    turn: int
+    added: tuple[int, ...] = ()  # new units each executed question brought, in order
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Questioner(Protocol):
+    name: str
+
+    async def act(self, state: QDState, key: jax.Array) -> Reply: ...
+
+
+# ----------------------------------------------------------------------------- questioners
+class NeverAsk:
+    name = "never_ask"
+
+    async def act(self, state: QDState, key: jax.Array) -> Reply:
+        return Reply(STOP_JSON)
+
+
+_NAME = re.compile(r"\b[A-Z][\w'’.-]*(?:\s+(?:of|the|de|la|von|van|and|du|del)?\s*[A-Z][\w'’.-]*)*")
+_STOPWORD_NAMES = {"The", "A", "An", "In", "On", "It", "He", "She", "They", "His", "Her", "This", "That", "As", "At",
+                   "By", "For", "From", "After", "Before", "During", "When", "While", "With", "Its", "Their", "There"}
+
+
+class ScriptedQuestioner:
+    """The heuristic of the module docstring (deterministic: ``key`` is unused). It also stops once
+    ``patience`` questions in a row brought no new evidence."""
+
+    name = "scripted"
+
+    def __init__(self, patience: int = 2):
+        self.patience = patience
+
+    async def act(self, state: QDState, key: jax.Array) -> Reply:
+        if state.turn == 0:
+            return Reply(ask_json(state.task.question, "the task itself"))
+        if len(state.added) >= self.patience and not any(state.added[-self.patience:]):
+            return Reply(STOP_JSON)
+        asked = {q.casefold() for q, _ in state.history}
+        seen = {u.title.casefold() for u in state.task.pool if u.index in state.held and u.index not in state.new}
+        qwords = set(tokenize(state.task.question))
+        candidates: list[tuple[float, int, str]] = []
+        for rank, idx in enumerate(self._newest_first(state)):
+            unit = state.task.pool[idx]
+            names = [unit.title] + [m.group(0).strip(" .") for m in _NAME.finditer(unit.text)]
+            for j, name in enumerate(names):
+                if name in _STOPWORD_NAMES or len(name) < 3:
+                    continue
+                q = self.question(name, state.task.question)
+                if q.casefold() in asked or name.casefold() in seen:
+                    continue
+                overlap = len(set(tokenize(unit.text)) & qwords)
+                candidates.append((-overlap, rank * 1000 + j, q))
+        if not candidates:
+            return Reply(STOP_JSON)
+        return Reply(ask_json(min(candidates)[2], "an entity the new evidence names"))
+
+    @staticmethod
+    def question(name: str, task_question: str) -> str:
+        return f"What is known about {name}?"
+
+    @staticmethod
+    def _newest_first(state: QDState) -> list[int]:
+        # the last question's units first (in rank order), then older ones from the newest back
+        older = [i for i in reversed(state.held) if i not in state.new]
+        return list(state.new) + older
+
+
+class PolicyQuestioner:
+    """A local model through the generation engine; ``name`` e.g. ``"local:runs/x/hf"``."""
+
+    def __init__(self, engine, tokenizer, sampling, *, name: str = "policy"):
+        from jaxagent.text.chat import ChatRenderer
+
+        self.engine, self.tok, self.sampling, self.name = engine, tokenizer, sampling, name
+        self._renderer = lambda: ChatRenderer(tokenizer, thinking="disabled")
+        self._n = 0
+
+    async def act(self, state: QDState, key: jax.Array) -> Reply:
+        chat = self._renderer()
+        chat.add({"role": "user", "content": state.prompt})
+        prompt = chat.start_generation()
+        self._n += 1
+        session = f"qd:{state.task.task_id}:{state.turn}:{self._n}"
+        try:
+            res = await self.engine.generate(session, prompt, self.sampling, key)
+        finally:
+            self.engine.release(session)
+        ids = [t for t in res.tokens if t not in self.sampling.stop_tokens]
+        return Reply(self.tok.decode(ids), prompt_tokens=len(prompt), completion_tokens=len(res.tokens))
+
+
+class EndpointQuestioner:
+    def __init__(self, client: LLMUserClient, *, name: str | None = None):
+        self.client, self.name = client, name or f"endpoint:{client.config.model}"
+
+    async def act(self, state: QDState, key: jax.Array) -> Reply:
+        text, _ = await self.client.complete([{"role": "user", "content": state.prompt}])
+        return Reply(text or "", completion_tokens=len((text or "").split()))
+
+
+# ----------------------------------------------------------------------------- drafters and answerers
+class Drafter(Protocol):
+    name: str
+
+    async def resolve(self, task: QATask, held: Sequence[Unit], question: str) -> str: ...
+
+    async def draft(self, task: QATask, held: Sequence[Unit]) -> str: ...
+
+
+class Answerer(Protocol):
+    name: str
+
+    async def answer(self, task: QATask, held: Sequence[Unit], draft: str) -> str: ...
+
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def best_sentence(units: Sequence[Unit], query: str) -> str:
+    """The sentence of ``units`` (first 1,200 characters of each) sharing most distinct words with
+    ``query``; ties: the earliest. "" when no sentence shares a word."""
+    q = set(tokenize(query))
+    best, best_n = "", 0
+    for u in units:
+        for s in _SENTENCE.split(u.text[:DRAFTER_EVIDENCE_CHARS]):
+            n = len(set(tokenize(s)) & q)
+            if n > best_n:
+                best, best_n = s.strip(), n
+    return best
+
+
+class ExtractiveDrafter:
+    """Offline stand-in: the reply is the held sentence that best matches the question; the draft
+    is, per held unit in pool order, its sentence that best matches the task question."""
+
+    name = "extractive (offline stand-in, no model)"
+
+    async def resolve(self, task: QATask, held: Sequence[Unit], question: str) -> str:
+        return first_words(best_sentence(held, question) or "The evidence held does not say.", REPLY_WORDS)
+
+    async def draft(self, task: QATask, held: Sequence[Unit]) -> str:
+        parts = [best_sentence([u], task.question) for u in sorted(held, key=lambda u: u.index)]
+        return first_words(" ".join(p for p in parts if p), DRAFT_WORDS)
+
+
+class ExtractiveAnswerer:
+    """Offline stand-in: the draft's (else the evidence's) sentence that best matches the task."""
+
+    name = "extractive (offline stand-in, no model)"
+
+    async def answer(self, task: QATask, held: Sequence[Unit], draft: str) -> str:
+        pseudo = [Unit(-1, "", "", draft)] if draft else []
+        return first_words(best_sentence(pseudo + list(held), task.question), ANSWER_WORDS)
+
+
+def _evidence_block(held: Sequence[Unit], chars: int) -> str:
+    return "\n".join(f"- {u.title}: {u.text[:chars]}" for u in sorted(held, key=lambda u: u.index)) or "(none)"
+
+
+class EndpointDrafter:
+    def __init__(self, client: LLMUserClient):
+        self.client, self.name = client, f"endpoint:{client.config.model}"
+
+    async def resolve(self, task: QATask, held: Sequence[Unit], question: str) -> str:
+        text, _ = await self.client.complete([{"role": "user", "content": (
+            f"Task: {task.question}\n\nEvidence:\n{_evidence_block(held, DRAFTER_EVIDENCE_CHARS)}\n\n"
+            f"Answer this question from the evidence only, briefly (say so if it does not say): {question}")}])
+        return first_words(text or "", REPLY_WORDS)
+
+    async def draft(self, task: QATask, held: Sequence[Unit]) -> str:
+        text, _ = await self.client.complete([{"role": "user", "content": (
+            f"Task: {task.question}\n\nEvidence:\n{_evidence_block(held, DRAFTER_EVIDENCE_CHARS)}\n\n"
+            "Write the current draft answer to the task from this evidence only: what is established, what is "
+            "still missing.")}])
+        return first_words(text or "", DRAFT_WORDS)
+
+
+class EndpointAnswerer:
+    def __init__(self, client: LLMUserClient):
+        self.client, self.name = client, f"endpoint:{client.config.model}"
+
+    async def answer(self, task: QATask, held: Sequence[Unit], draft: str) -> str:
+        text, _ = await self.client.complete([{"role": "user", "content": (
+            f"Task: {task.question}\n\nEvidence:\n{_evidence_block(held, DRAFTER_EVIDENCE_CHARS)}\n\n"
+            f"Draft:\n{draft}\n\nGive the final answer only, in a few words.")}])
+        return first_words(text or "", ANSWER_WORDS)
+
+
+def describe(obj: Any) -> str:
+    return str(getattr(obj, "name", type(obj).__name__))
+
+
+__all__ = ["ANSWER_WORDS", "DRAFT_WORDS", "REPLY_WORDS", "Answerer", "Drafter", "EndpointAnswerer", "EndpointDrafter",
+           "EndpointQuestioner", "ExtractiveAnswerer", "ExtractiveDrafter", "NeverAsk", "PolicyQuestioner", "QDState",
+           "Questioner", "Reply", "ScriptedQuestioner", "best_sentence", "first_words"]

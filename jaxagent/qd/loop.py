@@ -1,0 +1,140 @@
+"""The questioner-drafter episode (the Q&D spec's §1.2) and a suite of them, as coroutines.
+
+For i = 0 .. max_turns - 1 the questioner acts on the rendered state. STOP (or a malformed reply,
+counted) ends the run as ``policy_stop``. An ASK is charged one retrieval call; past the cap the
+run ends as ``budget`` and that question is neither executed nor recorded. Otherwise BM25 returns
+the task pool's top-k for the question, the turn is recorded (retrieved in rank order, the new
+units), the units join the held evidence, and the drafter resolves the question and rewrites the
+draft. After max_turns decisions the run ends as ``max_turns``. Then the final draft and answer.
+
+A drafter or answerer call that still fails after ``retries`` more tries marks the run
+``failed`` (its error kept): `run_suite` counts such runs and the metrics leave them out. The
+questioner's sampling key of decision t is ``fold_in(fold_in(key, seed), t)``: a run is a
+function of (task, seed), whatever else runs beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+
+from jaxagent.envs.retrieval_qa.bm25 import PoolIndex
+from jaxagent.envs.retrieval_qa.tasks import QATask
+from jaxagent.qd.agents import Answerer, Drafter, QDState, Questioner, describe
+from jaxagent.qd.prompts import EvidenceView, parse_action, render_state
+from jaxagent.qd.transcript import QDRun, QDTurn
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    cap: int = 8  # retrieval calls (executed questions)
+    max_turns: int = 16  # questioner decisions
+    retries: int = 2  # more tries of a failed drafter / answerer call
+
+    def __post_init__(self) -> None:
+        for name in ("cap", "max_turns"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"qd.{name}={v!r}: expected an integer >= 0")
+        if self.retries < 0:
+            raise ValueError(f"qd.retries={self.retries!r}: expected an integer >= 0")
+
+
+class RoleFailed(RuntimeError):
+    """A drafter or answerer call failed after its retries."""
+
+
+async def _call(fn, retries: int, what: str):
+    last: BaseException | None = None
+    for _ in range(retries + 1):
+        try:
+            return await fn()
+        except Exception as e:  # noqa: BLE001 - any failure is retried, then reported
+            last = e
+    raise RoleFailed(f"{what}: {type(last).__name__}: {last}"[:300])
+
+
+def _views(task: QATask, held: Sequence[int]) -> list[EvidenceView]:
+    return [EvidenceView(task.uid(i), task.pool[i].title, task.pool[i].text) for i in held]
+
+
+async def run_episode(task: QATask, questioner: Questioner, drafter: Drafter, answerer: Answerer, *,
+                      seed: int, key: jax.Array, config: LoopConfig = LoopConfig(), index: PoolIndex | None = None,
+                      count_tokens: Callable[[str], int] | None = None) -> QDRun:
+    """One run of ``task`` (module docstring). ``index``: the pool's BM25 index (built when None);
+    ``count_tokens``: a question's tokens (whitespace words when None)."""
+    index = index or PoolIndex([(u.title, u.text) for u in task.pool])
+    count = count_tokens or (lambda s: len(s.split()))
+    key = jax.random.fold_in(key, seed)
+    held: list[int] = []
+    new: tuple[int, ...] = ()
+    draft = ""
+    history: list[tuple[str, str]] = []
+    turns: list[QDTurn] = []
+    malformed, stop_reason = 0, "max_turns"
+    tokens = {"questioner_prompt": 0, "questioner_completion": 0}
+    base = dict(benchmark=task.benchmark, task_id=task.task_id, seed=seed, questioner=describe(questioner),
+                cap=config.cap, max_turns=config.max_turns, drafter=describe(drafter), answerer=describe(answerer))
+    try:
+        for t in range(config.max_turns):
+            prompt = render_state(question=task.question, benchmark=task.benchmark, evidence=_views(task, held),
+                                  draft=draft, history=history)
+            state = QDState(task, tuple(held), new, draft, tuple(history), prompt, t, tuple(len(x.new) for x in turns))
+            reply = await questioner.act(state, jax.random.fold_in(key, t))
+            tokens["questioner_prompt"] += reply.prompt_tokens
+            tokens["questioner_completion"] += reply.completion_tokens
+            action = parse_action(reply.text)
+            if action.kind == "stop":
+                malformed += action.malformed
+                stop_reason = "policy_stop"
+                break
+            if len(turns) + 1 > config.cap:  # the call would exceed the cap: not executed, not recorded
+                stop_reason = "budget"
+                break
+            retrieved = tuple(index.search(action.question, task.k))
+            new = tuple(i for i in retrieved if i not in held)
+            held += new
+            units = [task.pool[i] for i in held]
+            answer = await _call(lambda: drafter.resolve(task, units, action.question), config.retries,
+                                 "drafter.resolve")
+            draft = await _call(lambda: drafter.draft(task, units), config.retries, "drafter.draft")
+            history.append((action.question, answer))
+            turns.append(QDTurn(action.question, retrieved, new, answer, action.rationale, action.parent_uids,
+                                question_tokens=count(action.question), completion_tokens=reply.completion_tokens))
+        units = [task.pool[i] for i in held]
+        if not turns:
+            draft = await _call(lambda: drafter.draft(task, units), config.retries, "drafter.draft")
+        final = await _call(lambda: answerer.answer(task, units, draft), config.retries, "answerer.answer")
+    except RoleFailed as e:
+        return QDRun(turns=tuple(turns), stop_reason=stop_reason if stop_reason != "max_turns" else "policy_stop",
+                     malformed=malformed, draft=draft, tokens=tokens, failed=True, error=str(e), **base)
+    return QDRun(turns=tuple(turns), stop_reason=stop_reason, malformed=malformed, draft=draft, answer=final,
+                 tokens=tokens, **base)
+
+
+async def run_suite(tasks: Sequence[QATask], questioner: Questioner, drafter: Drafter, answerer: Answerer, *,
+                    seeds: Sequence[int], key: jax.Array, config: LoopConfig = LoopConfig(), concurrency: int = 16,
+                    count_tokens: Callable[[str], int] | None = None,
+                    on_done: Callable[[QDRun], None] | None = None) -> list[QDRun]:
+    """Every (task, seed) run, at most ``concurrency`` at once (a local policy's decisions batch
+    in its engine); returned task-major, then seed order. ``on_done`` is called as each ends."""
+    if concurrency < 1:
+        raise ValueError(f"qd.concurrency={concurrency!r}: expected an integer >= 1")
+    indexes = {t.task_id: PoolIndex([(u.title, u.text) for u in t.pool]) for t in tasks}
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(task: QATask, seed: int) -> QDRun:
+        async with gate:
+            run = await run_episode(task, questioner, drafter, answerer, seed=seed, key=key, config=config,
+                                    index=indexes[task.task_id], count_tokens=count_tokens)
+        if on_done is not None:
+            on_done(run)
+        return run
+
+    return list(await asyncio.gather(*(one(t, s) for t in tasks for s in seeds)))
+
+
+__all__ = ["LoopConfig", "RoleFailed", "run_episode", "run_suite"]
