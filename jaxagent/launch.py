@@ -10,12 +10,14 @@ tasks before and after, everything written to ``runs/quickstart/``.
     python -m jaxagent.launch --config configs/infopo_7b.yaml --dry-run
     python -m jaxagent.launch resume=true                       # continue runs/quickstart/
     python -m jaxagent.launch job=eval env=tau2_retail agent=oracle   # tau2 retail, the gold-action oracle
+    python -m jaxagent.launch job=qd_eval qd.benchmark=musique qd.baseline=never_ask   # Q&D questioners
     python -m jaxagent.launch --help                            # jobs, config files, every key
 
 Jobs (``job=``): ``sft`` (masked cross-entropy on the gym's expert demonstrations), ``rl``
 (rollouts -> credit (``rl.credit``: grpo, infopo, faca, infopo+faca) -> PPO), ``sft+rl`` (the
 default), ``eval`` (avg@k on held-out tasks; on tau2 retail also with ``agent=oracle`` or
-``agent=endpoint``, an OpenAI-compatible server). Short forms: ``env=K`` is ``env.kind=K``,
+``agent=endpoint``, an OpenAI-compatible server), ``qd_eval`` (questioners on a retrieval QA suite:
+MuSiQue, StrategyQA, 2Wiki; docs/QD.md). Short forms: ``env=K`` is ``env.kind=K``,
 ``agent=A`` is ``eval.agent=A``. ``python -m jaxagent.tour`` is a tour of the model
 stack alone (HF round trip, scoring, KV-cache generation).
 """
@@ -213,6 +215,10 @@ def check_processes(cfg: RunConfig) -> None:
     an endpoint) use no mesh: they run in one process."""
     import jax
 
+    if jax.process_count() > 1 and cfg.job == "qd_eval":
+        raise configlib.ConfigError(
+            f"job='qd_eval': this launch is one of {jax.process_count()} processes; the Q&D evaluation runs in one "
+            "process (mesh.distributed=false)")
     if jax.process_count() > 1 and cfg.job == "eval" and cfg.eval.agent != "policy":
         raise configlib.ConfigError(
             f"eval.agent={cfg.eval.agent!r}: this launch is one of {jax.process_count()} processes, and a host agent "

@@ -10,8 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxagent.envs.retrieval_qa.tasks import QATask, Unit, load_suite
-from jaxagent.qd.agents import (ExtractiveAnswerer, ExtractiveDrafter, NeverAsk, PolicyQuestioner, Reply,
-                                ScriptedQuestioner, best_sentence)
+from jaxagent.qd.agents import (
+    ExtractiveAnswerer,
+    ExtractiveDrafter,
+    NeverAsk,
+    PolicyQuestioner,
+    Reply,
+    ScriptedQuestioner,
+    best_sentence,
+)
 from jaxagent.qd.loop import LoopConfig, run_episode, run_suite
 from jaxagent.qd.prompts import EvidenceView, ask_json, first_json_object, parse_action, render_state
 from jaxagent.qd.transcript import QDRun, read_runs, write_runs

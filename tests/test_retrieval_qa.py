@@ -9,8 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxagent.envs.retrieval_qa.bm25 import PoolIndex, bm25_scores_reference, tokenize
-from jaxagent.envs.retrieval_qa.tasks import (load_suite, musique_task, strategyqa_corpus, strategyqa_step_evidence,
-                                              strategyqa_task, wiki2_task)
+from jaxagent.envs.retrieval_qa.tasks import (
+    load_suite,
+    musique_task,
+    strategyqa_corpus,
+    strategyqa_step_evidence,
+    strategyqa_task,
+    wiki2_task,
+)
 
 POOL = [("Alpha", "red apple"), ("Beta", "red red pear"), ("Gamma", "blue sky")]
 

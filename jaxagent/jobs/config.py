@@ -275,7 +275,8 @@ class QDSection:
     answerer_endpoint: LLMUserConfig | None = None
     cap: int = _help(8, "retrieval calls per run (own stop)")
     max_turns: int = _help(16, "questioner decisions per run")
-    retries: int = _help(2, "more tries of a failed drafter / answerer call before the run is marked failed")
+    retries: int = _help(
+        2, "more tries of a failed questioner / drafter / answerer call before the run is marked failed")
     concurrency: int = _help(16, "runs played at once")
     depth_rule: Literal["longest", "shortest"] = "longest"
     frontier_caps: tuple[int, ...] = _help((4, 8, 12, 16, 24), "the budget frontier's caps (read as prefixes)")

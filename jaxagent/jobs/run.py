@@ -48,6 +48,10 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
     """Runs ``cfg.job`` and returns (and writes) the summary."""
     if cfg.job == "eval" and cfg.eval.agent != "policy":  # tau2 retail: the oracle or an HTTP endpoint
         return run_host_eval(cfg)
+    if cfg.job == "qd_eval":  # questioners on a retrieval QA suite
+        from jaxagent.jobs.qd_eval import run_qd_eval
+
+        return run_qd_eval(cfg)
     t0 = time.perf_counter()
     run = prepare(cfg)
     before = _previous_eval(run, "before") if cfg.resume else None

@@ -139,6 +139,14 @@ class PolicyQuestioner:
         chat = self._renderer()
         chat.add({"role": "user", "content": state.prompt})
         prompt = chat.start_generation()
+        need = len(prompt) + self.sampling.max_new_tokens
+        if need > self.engine.capacity:  # a setting, not an outcome of the run
+            from jaxagent.rollout.loop import EpisodeBudgetError
+
+            raise EpisodeBudgetError(
+                f"rollout.capacity={self.engine.capacity}: the questioner's prompt for task {state.task.task_id!r} "
+                f"at decision {state.turn} has {len(prompt)} tokens + qd.max_new_tokens={self.sampling.max_new_tokens}"
+                f"; expected rollout.capacity >= {need} (the held evidence grows with each question)")
         self._n += 1
         session = f"qd:{state.task.task_id}:{state.turn}:{self._n}"
         try:

@@ -25,8 +25,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from jaxagent.envs.retrieval_qa.tasks import (BENCHMARKS, QATask, load_suite, strategyqa_corpus,
-                                              strategyqa_step_evidence)
+from jaxagent.envs.retrieval_qa.tasks import BENCHMARKS, QATask, load_suite, strategyqa_corpus, strategyqa_step_evidence
 
 DepthRule = Literal["longest", "shortest"]
 _REF = re.compile(r"#(\d+)")

@@ -7,8 +7,9 @@ the task pool's top-k for the question, the turn is recorded (retrieved in rank 
 units), the units join the held evidence, and the drafter resolves the question and rewrites the
 draft. After max_turns decisions the run ends as ``max_turns``. Then the final draft and answer.
 
-A drafter or answerer call that still fails after ``retries`` more tries marks the run
-``failed`` (its error kept): `run_suite` counts such runs and the metrics leave them out. The
+A questioner, drafter or answerer call that still fails after ``retries`` more tries marks the
+run ``failed`` (its error kept; a prompt past the engine's capacity is a setting error instead,
+`EpisodeBudgetError`): `run_suite` counts such runs and the metrics leave them out. The
 questioner's sampling key of decision t is ``fold_in(fold_in(key, seed), t)``: a run is a
 function of (task, seed), whatever else runs beside it.
 """
@@ -26,6 +27,7 @@ from jaxagent.envs.retrieval_qa.tasks import QATask
 from jaxagent.qd.agents import Answerer, Drafter, QDState, Questioner, describe
 from jaxagent.qd.prompts import EvidenceView, parse_action, render_state
 from jaxagent.qd.transcript import QDRun, QDTurn
+from jaxagent.rollout.loop import EpisodeBudgetError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,14 +46,17 @@ class LoopConfig:
 
 
 class RoleFailed(RuntimeError):
-    """A drafter or answerer call failed after its retries."""
+    """A questioner, drafter or answerer call failed after its retries."""
 
 
-async def _call(fn, retries: int, what: str):
+async def _call(what: str, retries: int, fn, *args):
+    """``await fn(*args)``, tried ``retries`` more times on failure; `RoleFailed` naming ``what`` after."""
     last: BaseException | None = None
     for _ in range(retries + 1):
         try:
-            return await fn()
+            return await fn(*args)
+        except EpisodeBudgetError:  # a setting (rollout.capacity): no retry helps
+            raise
         except Exception as e:  # noqa: BLE001 - any failure is retried, then reported
             last = e
     raise RoleFailed(f"{what}: {type(last).__name__}: {last}"[:300])
@@ -76,14 +81,15 @@ async def run_episode(task: QATask, questioner: Questioner, drafter: Drafter, an
     turns: list[QDTurn] = []
     malformed, stop_reason = 0, "max_turns"
     tokens = {"questioner_prompt": 0, "questioner_completion": 0}
-    base = dict(benchmark=task.benchmark, task_id=task.task_id, seed=seed, questioner=describe(questioner),
-                cap=config.cap, max_turns=config.max_turns, drafter=describe(drafter), answerer=describe(answerer))
+    base = {"benchmark": task.benchmark, "task_id": task.task_id, "seed": seed, "questioner": describe(questioner),
+            "cap": config.cap, "max_turns": config.max_turns, "drafter": describe(drafter),
+            "answerer": describe(answerer)}
     try:
         for t in range(config.max_turns):
             prompt = render_state(question=task.question, benchmark=task.benchmark, evidence=_views(task, held),
                                   draft=draft, history=history)
             state = QDState(task, tuple(held), new, draft, tuple(history), prompt, t, tuple(len(x.new) for x in turns))
-            reply = await questioner.act(state, jax.random.fold_in(key, t))
+            reply = await _call("questioner.act", config.retries, questioner.act, state, jax.random.fold_in(key, t))
             tokens["questioner_prompt"] += reply.prompt_tokens
             tokens["questioner_completion"] += reply.completion_tokens
             action = parse_action(reply.text)
@@ -98,16 +104,15 @@ async def run_episode(task: QATask, questioner: Questioner, drafter: Drafter, an
             new = tuple(i for i in retrieved if i not in held)
             held += new
             units = [task.pool[i] for i in held]
-            answer = await _call(lambda: drafter.resolve(task, units, action.question), config.retries,
-                                 "drafter.resolve")
-            draft = await _call(lambda: drafter.draft(task, units), config.retries, "drafter.draft")
+            answer = await _call("drafter.resolve", config.retries, drafter.resolve, task, units, action.question)
+            draft = await _call("drafter.draft", config.retries, drafter.draft, task, units)
             history.append((action.question, answer))
             turns.append(QDTurn(action.question, retrieved, new, answer, action.rationale, action.parent_uids,
                                 question_tokens=count(action.question), completion_tokens=reply.completion_tokens))
         units = [task.pool[i] for i in held]
         if not turns:
-            draft = await _call(lambda: drafter.draft(task, units), config.retries, "drafter.draft")
-        final = await _call(lambda: answerer.answer(task, units, draft), config.retries, "answerer.answer")
+            draft = await _call("drafter.draft", config.retries, drafter.draft, task, units)
+        final = await _call("answerer.answer", config.retries, answerer.answer, task, units, draft)
     except RoleFailed as e:
         return QDRun(turns=tuple(turns), stop_reason=stop_reason if stop_reason != "max_turns" else "policy_stop",
                      malformed=malformed, draft=draft, tokens=tokens, failed=True, error=str(e), **base)

@@ -85,7 +85,7 @@ class Action:
     reason: str = ""  # why a malformed reply was malformed
 
 
-_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
 
 def first_json_object(text: str) -> str | None:

@@ -49,7 +49,7 @@ class QDRun:
     drafter: str = ""  # e.g. "extractive (offline stand-in)" or "endpoint:model"
     answerer: str = ""
     tokens: dict[str, int] = dataclasses.field(default_factory=dict)  # questioner_prompt, questioner_completion, ...
-    failed: bool = False  # a drafter / answerer call failed after its retries: counted, kept out
+    failed: bool = False  # a questioner / drafter / answerer call failed after its retries: counted, kept out
     error: str = ""
 
     def __post_init__(self) -> None:

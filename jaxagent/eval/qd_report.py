@@ -1,0 +1,214 @@
+"""Q&D reports (host code): an arm's readings, per-task rows, the paired comparison of two arms,
+the plots and the printed table of ``job=qd_eval`` (docs/QD.md).
+
+Every reading is a mean over tasks of the task's mean over its runs (rollout seeds); undefined
+readings (NaN: no required evidence, no eligible edge, ...) are left out of both means. The
+comparison pairs the two arms' runs by (task, seed) (`jaxagent.qd.metrics.pair_runs`) and reads
+each pair at equal spend (both at the lower question count, the spec's symmetric default) and at
+their own stops; per-task differences get a BCa interval over tasks, the "decided" verdict (three
+50,000-resample runs), a sign-flip p-value and the minimum detectable effect
+(`jaxagent.eval.qd_stats.compare_arms`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxagent.eval.qd_stats import compare_arms
+from jaxagent.eval.report import _new_figure, _save
+from jaxagent.qd import metrics as M
+from jaxagent.qd.graphs import NeedGraph
+from jaxagent.qd.transcript import QDRun
+
+#: The equal-spend rows of the spec's Table 2 (name, metric(run, graph, k)).
+SPEND_ROWS = ("coverage", "dwr", "deepest", "breadth", "out_of_order")
+
+
+def _nanmean(xs) -> float:
+    xs = [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return float(np.mean(xs)) if xs else math.nan
+
+
+def _task_mean(rows: Sequence[tuple[str, float]]) -> float:
+    by: dict[str, list[float]] = defaultdict(list)
+    for task, v in rows:
+        by[task].append(v)
+    return _nanmean(_nanmean(v) for v in by.values())
+
+
+def _metric(name: str, depth_rule: str):
+    return {"coverage": M.coverage, "need_recall": M.need_recall,
+            "dwr": functools.partial(M.dwr, depth_rule=depth_rule),
+            "deepest": functools.partial(M.deepest_resolved, depth_rule=depth_rule),
+            "breadth": M.breadth, "out_of_order": M.out_of_order}[name]
+
+
+def _answer_rows(runs: Sequence[QDRun], graphs: Mapping[str, NeedGraph], tasks) -> dict[str, float]:
+    f1 = [(r.task_id, M.answer_f1(r.answer, tasks[r.task_id].answer, tasks[r.task_id].aliases)) for r in runs]
+    ok = [(r.task_id, M.answer_correct(r.answer, tasks[r.task_id].answer, tasks[r.task_id].aliases)) for r in runs]
+    return {"answer_f1": _task_mean(f1), "answer_correct": _task_mean(ok)}
+
+
+def arm_summary(runs: Sequence[QDRun], graphs: Mapping[str, NeedGraph], *, tasks: Mapping[str, Any],
+                depth_rule: str = "longest", frontier_caps: Sequence[int] = M.FRONTIER_CAPS) -> dict[str, Any]:
+    """One arm's readings at its own stop (the §5.3 rows), its pooled stop 2x2, coverage by depth
+    (pooled over runs: resolved / needs of that depth, with the count) and the budget frontier
+    (caps up to the run cap, read as prefixes; a larger cap only when no run was cut by the budget)."""
+    rows = [M.run_metrics(r, graphs[r.task_id], depth_rule=depth_rule) for r in runs]
+    out: dict[str, Any] = {"runs_scored": len(runs), "tasks_scored": len({r.task_id for r in runs})}
+    for key in ("coverage", "need_recall", "dwr", "dwr_required_only", "deepest", "breadth", "out_of_order_edge",
+                "out_of_order_need", "n_asks", "question_words_mean"):
+        out[key] = _task_mean([(row["task_id"], row[key]) for row in rows])
+    out["questions_per_task"] = out.pop("n_asks")
+    out.update(_answer_rows(runs, graphs, tasks))
+    out["tokens_per_required_need"] = M.pooled_tokens_per_need(runs, graphs)
+    out["malformed"] = int(sum(r.malformed for r in runs))
+    out["stop_reasons"] = {s: sum(r.stop_reason == s for r in runs) for s in ("policy_stop", "budget", "max_turns")}
+    out["stop"] = M.stop_rates(M.stop_cells(r, graphs[r.task_id]) for r in runs)
+    depth: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for r in runs:
+        for d, cell in M.depth_coverage(r, graphs[r.task_id], depth_rule=depth_rule).items():
+            depth[d][0] += cell.resolved
+            depth[d][1] += cell.total
+    out["coverage_by_depth"] = {str(d): {"coverage": n / t if t else math.nan, "needs": t // max(1, _seeds(runs))}
+                                for d, (n, t) in sorted(depth.items())}
+    cap = max((r.cap for r in runs), default=0)
+    caps = [c for c in frontier_caps if c <= cap or not any(r.stop_reason == "budget" for r in runs)]
+    out["frontier"] = [p._asdict() for p in M.budget_frontier(runs, graphs, caps)] if runs else []
+    out["frontier_caps_skipped"] = [c for c in frontier_caps if c not in caps]
+    return out
+
+
+def _seeds(runs: Sequence[QDRun]) -> int:
+    return len({r.seed for r in runs})
+
+
+def per_task(runs: Sequence[QDRun], graphs: Mapping[str, NeedGraph], *, tasks: Mapping[str, Any],
+             depth_rule: str = "longest") -> list[dict[str, Any]]:
+    """One row per task: the seeds' mean of each numeric `run_metrics` reading and of answer F1."""
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        row = M.run_metrics(r, graphs[r.task_id], depth_rule=depth_rule)
+        t = tasks[r.task_id]
+        row["answer_f1"] = M.answer_f1(r.answer, t.answer, t.aliases)
+        row["answer_correct"] = M.answer_correct(r.answer, t.answer, t.aliases)
+        by[r.task_id].append(row)
+    out = []
+    for task, rows in by.items():
+        keys = [k for k in rows[0] if isinstance(rows[0][k], (int, float)) and k not in ("seed", "k")]
+        out.append({"task_id": task, "runs": len(rows), **{k: _nanmean(r.get(k) for r in rows) for k in keys},
+                    "stop_reasons": [r["stop_reason"] for r in rows]})
+    return out
+
+
+def compare(treatment: Sequence[QDRun], baseline: Sequence[QDRun], graphs: Mapping[str, NeedGraph], *,
+            tasks: Mapping[str, Any], depth_rule: str = "longest", resamples: int = 10_000, seed: int = 0,
+            ) -> dict[str, Any]:
+    """Treatment - baseline, paired by (task, seed): the equal-spend rows (symmetric), then own stop
+    (coverage, questions, answer F1), each with `compare_arms`' interval, verdict, p and MDE."""
+    out: dict[str, Any] = {"equal_spend": {}, "own_stop": {}}
+    for name in SPEND_ROWS:
+        sc = M.equal_spend(treatment, baseline, graphs, metric=_metric(name, depth_rule))
+        a = {(t, 0): p.treatment for t, p in sc.per_task.items()}
+        b = {(t, 0): p.comparator for t, p in sc.per_task.items()}
+        out["equal_spend"][name] = dict(_compare(a, b, resamples, seed), dropped_pairs=sc.dropped,
+                                        unpaired=sc.unpaired)
+    own = {"coverage": lambda r: M.coverage(r, graphs[r.task_id]), "questions": lambda r: float(r.n_asks),
+           "answer_f1": lambda r: M.answer_f1(r.answer, tasks[r.task_id].answer, tasks[r.task_id].aliases)}
+    for name, read in own.items():
+        a = {(r.task_id, r.seed): read(r) for r in treatment}
+        b = {(r.task_id, r.seed): read(r) for r in baseline}
+        out["own_stop"][name] = _compare(a, b, resamples, seed)
+    return out
+
+
+def _compare(a, b, resamples: int, seed: int) -> dict[str, Any]:
+    a = {k: v for k, v in a.items() if v is not None and not math.isnan(v)}
+    b = {k: v for k, v in b.items() if v is not None and not math.isnan(v)}
+    if not {t for t, _ in a} & {t for t, _ in b}:
+        return {"n_tasks": 0, "mean_diff": math.nan}
+    return compare_arms(a, b, n=resamples, seed=seed)
+
+
+# ----------------------------------------------------------------------------- plots and the table
+def plot(summary: Mapping[str, Any], out_dir: Path) -> list[Path]:
+    """``frontier.png`` (coverage vs retrieval calls per arm) and ``coverage_by_depth.png``."""
+    arms = summary.get("arms") or {}
+    if not arms:
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    fig, (ax,) = _new_figure()
+    for arm, s in arms.items():
+        pts = s.get("frontier") or []
+        if pts:
+            ax.plot([p["calls"] for p in pts], [p["coverage"] for p in pts], marker="o",
+                    label=f"{arm}: {s.get('questioner')}")
+            for p in pts:
+                ax.annotate(f"cap {p['cap']}", (p["calls"], p["coverage"]), fontsize=7, xytext=(3, -9),
+                            textcoords="offset points")
+    ax.set(xlabel="retrieval calls (mean per task)", ylabel="required-evidence coverage",
+           title=f"{summary.get('benchmark')}: budget frontier ({summary.get('tasks')} tasks)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    written.append(_save(fig, out_dir / "frontier.png"))
+    fig, (ax,) = _new_figure()
+    width = 0.8 / len(arms)
+    for j, (arm, s) in enumerate(arms.items()):
+        cells = s.get("coverage_by_depth") or {}
+        depths = sorted(cells, key=int)
+        ax.bar([int(d) + j * width for d in depths], [cells[d]["coverage"] for d in depths], width=width,
+               label=f"{arm}: {s.get('questioner')}")
+        if j == 0:
+            for d in depths:
+                ax.annotate(f"n={cells[d]['needs']}", (int(d), 0.02), fontsize=7)
+    ax.set(xlabel="need depth (longest rule)", ylabel="needs resolved (share)", ylim=(0, 1),
+           title=f"{summary.get('benchmark')}: coverage by depth (drafter: {summary.get('drafter')})")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    written.append(_save(fig, out_dir / "coverage_by_depth.png"))
+    return written
+
+
+_ROWS = [("coverage", "coverage"), ("need recall", "need_recall"), ("DWR", "dwr"), ("deepest need", "deepest"),
+         ("breadth (lines)", "breadth"), ("out-of-order (edge)", "out_of_order_edge"),
+         ("answer F1", "answer_f1"), ("questions per task", "questions_per_task"),
+         ("question words", "question_words_mean")]
+
+
+def _fmt(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+def summary_table(summary: Mapping[str, Any]) -> str:
+    """The printed table: each arm's own-stop readings and stop rates; with a comparison, the
+    equal-spend and own-stop differences with their intervals."""
+    arms = summary.get("arms") or {}
+    names = list(arms)
+    head = (f"Q&D {summary.get('benchmark')}: {summary.get('tasks')} tasks x {len(summary.get('seeds', []))} seeds, "
+            f"drafter {summary.get('drafter')}, answerer {summary.get('answerer')}")
+    lines = [head, "own stop            | " + " | ".join(f"{n}: {arms[n].get('questioner')}" for n in names)]
+    for label, key in _ROWS:
+        lines.append(f"{label:<20}| " + " | ".join(_fmt(arms[n].get(key)) for n in names))
+    for label, key in (("stop when done", "stop_when_done"), ("ask when not done", "ask_when_not_done")):
+        lines.append(f"{label:<20}| " + " | ".join(_fmt((arms[n].get("stop") or {}).get(key)) for n in names))
+    comp = summary.get("comparison")
+    if comp:
+        lines.append("treatment - baseline (BCa 95% over tasks; decided = three 50k runs exclude 0)")
+        for part in ("equal_spend", "own_stop"):
+            for name, c in comp[part].items():
+                iv = c.get("interval") or (math.nan, math.nan)
+                lines.append(f"  {part} {name:<14} {_fmt(c.get('mean_diff'))} [{_fmt(iv[0])}, {_fmt(iv[1])}] "
+                             f"decided={c.get('decided')} p={_fmt(c.get('p'))} mde={_fmt(c.get('mde'))} "
+                             f"n={c.get('n_tasks')}")
+    return "\n".join(lines)
+
+
+__all__ = ["arm_summary", "compare", "per_task", "plot", "summary_table"]
