@@ -19,7 +19,7 @@ from jaxagent.qd.agents import (
     ScriptedQuestioner,
     best_sentence,
 )
-from jaxagent.qd.loop import LoopConfig, run_episode, run_suite
+from jaxagent.qd.loop import LoopConfig, decision_prompts, run_episode, run_suite
 from jaxagent.qd.prompts import EvidenceView, ask_json, first_json_object, parse_action, render_state
 from jaxagent.qd.transcript import QDRun, read_runs, write_runs
 
@@ -121,6 +121,29 @@ def test_a_cap_k_run_is_the_prefix_of_a_cap_8_run():
         capped = _run(QUESTIONS, cap=k)
         assert capped.turns == full.prefix(k).turns, k
         assert full.prefix(k).stop_reason == ("budget" if k < full.n_asks else full.stop_reason)
+
+
+def test_the_decision_prompts_are_replayed_from_the_transcript():
+    # a training row needs (prompt, reply) per decision: re-rendered from the run, they are what the
+    # questioner saw
+    class Recording(Scripted):
+        def __init__(self, replies):
+            super().__init__(replies)
+            self.seen = []
+
+        async def act(self, state, key):
+            self.seen.append(state.prompt)
+            return await super().act(state, key)
+
+    for replies, cfg in ((QUESTIONS[:3], {}), (QUESTIONS, {"cap": 2}), (QUESTIONS, {"max_turns": 4}),
+                         ([QUESTIONS[0], "not json"], {})):
+        q = Recording(replies)
+        run = asyncio.run(run_episode(TASK, q, ExtractiveDrafter(), ExtractiveAnswerer(), seed=0,
+                                      key=jax.random.key(0), config=LoopConfig(**cfg)))
+        rows = decision_prompts(run, TASK)
+        assert [p for p, _ in rows] == q.seen, cfg
+        assert [r for _, r in rows] == [q.replies[t] if t < len(q.replies) else '{"action": "stop"}'
+                                        for t in range(len(rows))]
 
 
 def test_a_failing_drafter_marks_the_run_failed_after_retries():

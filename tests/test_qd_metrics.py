@@ -486,3 +486,18 @@ def test_length_matched_prefix_is_largest(case, budget):
     spent = [sum(t.question_tokens for t in run.turns[:i]) for i in range(run.n_asks + 1)]
     assert 0 <= j <= run.n_asks and spent[j] <= budget
     assert j == run.n_asks or spent[j + 1] > budget
+
+
+# ----------------------------------------------------------------------------- candidate values (§4.2, check 7)
+def test_ask_value_by_hand(example):
+    from jaxagent.qd.labels import STOP_VALUE, ask_value, held_coverage
+
+    g, _ = example
+    assert held_coverage({1, 9, 3, 4, 7}, g) == pytest.approx(4 / 7)
+    v = ask_value({1, 9, 3, 4, 7}, [2, 6, 9], g)
+    assert v.phi_gain == pytest.approx(2 / 7) and v.rho == pytest.approx(1 / 3)
+    assert round(v.value, 6) == 0.059524
+    assert ask_value({1}, [], g).value == pytest.approx(-0.05)  # a turn retrieving nothing
+    assert ask_value({1}, [1], g) == pytest.approx((0.0, 1.0, -0.15))  # all already held
+    assert ask_value({1}, [1, 9], g) == pytest.approx((0.0, 0.5, -0.1))  # new but off the graph: no gain
+    assert STOP_VALUE == 0.0

@@ -68,7 +68,10 @@ def arm_summary(runs: Sequence[QDRun], graphs: Mapping[str, NeedGraph], *, tasks
         out[key] = _task_mean([(row["task_id"], row[key]) for row in rows])
     out["questions_per_task"] = out.pop("n_asks")
     out.update(_answer_rows(runs, graphs, tasks))
-    out["tokens_per_required_need"] = M.pooled_tokens_per_need(runs, graphs)
+    # the runs' counted tokens (a local policy's prompts and completions; 0 for a scripted arm and the
+    # offline stand-ins, which use no model: then the reading is undefined, not 0)
+    counted = any(sum(r.tokens.values()) for r in runs)
+    out["tokens_per_required_need"] = M.pooled_tokens_per_need(runs, graphs) if counted else math.nan
     out["malformed"] = int(sum(r.malformed for r in runs))
     out["stop_reasons"] = {s: sum(r.stop_reason == s for r in runs) for s in ("policy_stop", "budget", "max_turns")}
     out["stop"] = M.stop_rates(M.stop_cells(r, graphs[r.task_id]) for r in runs)
@@ -111,8 +114,10 @@ def per_task(runs: Sequence[QDRun], graphs: Mapping[str, NeedGraph], *, tasks: M
 def compare(treatment: Sequence[QDRun], baseline: Sequence[QDRun], graphs: Mapping[str, NeedGraph], *,
             tasks: Mapping[str, Any], depth_rule: str = "longest", resamples: int = 10_000, seed: int = 0,
             ) -> dict[str, Any]:
-    """Treatment - baseline, paired by (task, seed): the equal-spend rows (symmetric), then own stop
-    (coverage, questions, answer F1), each with `compare_arms`' interval, verdict, p and MDE."""
+    """Treatment - baseline, paired by (task, seed): the equal-spend rows (symmetric), the length
+    control (coverage, the baseline read at the prefix whose question tokens fit the treatment's),
+    then own stop (coverage, questions, answer F1), each with `compare_arms`' interval, verdict, p
+    and MDE."""
     out: dict[str, Any] = {"equal_spend": {}, "own_stop": {}}
     for name in SPEND_ROWS:
         sc = M.equal_spend(treatment, baseline, graphs, metric=_metric(name, depth_rule))
@@ -120,6 +125,11 @@ def compare(treatment: Sequence[QDRun], baseline: Sequence[QDRun], graphs: Mappi
         b = {(t, 0): p.comparator for t, p in sc.per_task.items()}
         out["equal_spend"][name] = dict(_compare(a, b, resamples, seed), dropped_pairs=sc.dropped,
                                         unpaired=sc.unpaired)
+    lc = M.length_control(treatment, baseline, graphs)  # the baseline given as many question tokens
+    out["length_control"] = {"coverage": dict(
+        _compare({(t, 0): p.treatment for t, p in lc.per_task.items()},
+                 {(t, 0): p.comparator for t, p in lc.per_task.items()}, resamples, seed),
+        dropped_pairs=lc.dropped, unpaired=lc.unpaired)}
     own = {"coverage": lambda r: M.coverage(r, graphs[r.task_id]), "questions": lambda r: float(r.n_asks),
            "answer_f1": lambda r: M.answer_f1(r.answer, tasks[r.task_id].answer, tasks[r.task_id].aliases)}
     for name, read in own.items():
@@ -202,8 +212,8 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     comp = summary.get("comparison")
     if comp:
         lines.append("treatment - baseline (BCa 95% over tasks; decided = three 50k runs exclude 0)")
-        for part in ("equal_spend", "own_stop"):
-            for name, c in comp[part].items():
+        for part in ("equal_spend", "length_control", "own_stop"):
+            for name, c in comp.get(part, {}).items():
                 iv = c.get("interval") or (math.nan, math.nan)
                 lines.append(f"  {part} {name:<14} {_fmt(c.get('mean_diff'))} [{_fmt(iv[0])}, {_fmt(iv[1])}] "
                              f"decided={c.get('decided')} p={_fmt(c.get('p'))} mde={_fmt(c.get('mde'))} "

@@ -79,7 +79,7 @@ async def run_episode(task: QATask, questioner: Questioner, drafter: Drafter, an
     draft = ""
     history: list[tuple[str, str]] = []
     turns: list[QDTurn] = []
-    malformed, stop_reason = 0, "max_turns"
+    malformed, stop_reason, final_raw = 0, "max_turns", ""
     tokens = {"questioner_prompt": 0, "questioner_completion": 0}
     base = {"benchmark": task.benchmark, "task_id": task.task_id, "seed": seed, "questioner": describe(questioner),
             "cap": config.cap, "max_turns": config.max_turns, "drafter": describe(drafter),
@@ -95,10 +95,10 @@ async def run_episode(task: QATask, questioner: Questioner, drafter: Drafter, an
             action = parse_action(reply.text)
             if action.kind == "stop":
                 malformed += action.malformed
-                stop_reason = "policy_stop"
+                stop_reason, final_raw = "policy_stop", reply.text
                 break
             if len(turns) + 1 > config.cap:  # the call would exceed the cap: not executed, not recorded
-                stop_reason = "budget"
+                stop_reason, final_raw = "budget", reply.text
                 break
             retrieved = tuple(index.search(action.question, task.k))
             new = tuple(i for i in retrieved if i not in held)
@@ -108,16 +108,36 @@ async def run_episode(task: QATask, questioner: Questioner, drafter: Drafter, an
             draft = await _call("drafter.draft", config.retries, drafter.draft, task, units)
             history.append((action.question, answer))
             turns.append(QDTurn(action.question, retrieved, new, answer, action.rationale, action.parent_uids,
-                                question_tokens=count(action.question), completion_tokens=reply.completion_tokens))
+                                question_tokens=count(action.question), completion_tokens=reply.completion_tokens,
+                                raw=reply.text, draft=draft))
         units = [task.pool[i] for i in held]
         if not turns:
             draft = await _call("drafter.draft", config.retries, drafter.draft, task, units)
         final = await _call("answerer.answer", config.retries, answerer.answer, task, units, draft)
     except RoleFailed as e:
         return QDRun(turns=tuple(turns), stop_reason=stop_reason if stop_reason != "max_turns" else "policy_stop",
-                     malformed=malformed, draft=draft, tokens=tokens, failed=True, error=str(e), **base)
+                     malformed=malformed, draft=draft, tokens=tokens, failed=True, error=str(e), final_raw=final_raw,
+                     **base)
     return QDRun(turns=tuple(turns), stop_reason=stop_reason, malformed=malformed, draft=draft, answer=final,
-                 tokens=tokens, **base)
+                 tokens=tokens, final_raw=final_raw, **base)
+
+
+def decision_prompts(run: QDRun, task: QATask) -> list[tuple[str, str]]:
+    """(prompt, reply) of every decision of ``run`` as the questioner saw and made it: one per
+    executed question, plus the decision that ended the run (a STOP, a malformed reply, an ASK
+    past the cap) unless max_turns ended it. The prompts are re-rendered from the transcript
+    (held evidence, drafts, history), so a training row needs nothing else than the run and its task."""
+    out, held, draft, history = [], [], "", []
+    for turn in run.turns:
+        out.append((render_state(question=task.question, benchmark=task.benchmark, evidence=_views(task, held),
+                                 draft=draft, history=history), turn.raw))
+        held += [i for i in turn.retrieved if i not in held]
+        draft = turn.draft
+        history.append((turn.question, turn.reply))
+    if run.stop_reason != "max_turns":
+        out.append((render_state(question=task.question, benchmark=task.benchmark, evidence=_views(task, held),
+                                 draft=draft, history=history), run.final_raw))
+    return out
 
 
 async def run_suite(tasks: Sequence[QATask], questioner: Questioner, drafter: Drafter, answerer: Answerer, *,
@@ -142,4 +162,4 @@ async def run_suite(tasks: Sequence[QATask], questioner: Questioner, drafter: Dr
     return list(await asyncio.gather(*(one(t, s) for t in tasks for s in seeds)))
 
 
-__all__ = ["LoopConfig", "RoleFailed", "run_episode", "run_suite"]
+__all__ = ["LoopConfig", "RoleFailed", "decision_prompts", "run_episode", "run_suite"]

@@ -31,6 +31,8 @@ class QDTurn:
     parent_uids: tuple[str, ...] = ()
     question_tokens: int = 0  # the question's tokens (the length control's budget unit)
     completion_tokens: int = 0  # the questioner's whole output for this decision
+    raw: str = ""  # the questioner's reply, verbatim (a training row's completion)
+    draft: str = ""  # the draft after this turn (with the history, what the next decision saw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +53,7 @@ class QDRun:
     tokens: dict[str, int] = dataclasses.field(default_factory=dict)  # questioner_prompt, questioner_completion, ...
     failed: bool = False  # a questioner / drafter / answerer call failed after its retries: counted, kept out
     error: str = ""
+    final_raw: str = ""  # the reply of the decision that ended the run (a STOP, a malformed reply, an ASK past the cap)
 
     def __post_init__(self) -> None:
         if self.stop_reason not in STOP_REASONS:
