@@ -2,14 +2,19 @@
 spec's §6 check 10), the offline stand-ins, the scripted questioner on real tasks, a local policy."""
 
 import asyncio
+import dataclasses
 import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler
 
 import jax
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jaxagent.envs.retrieval_qa.tasks import QATask, Unit, load_suite
+from jaxagent.envs.retrieval_qa.tasks import QATask, Unit, load_suite, musique_task
+from jaxagent.qd import metrics as M
 from jaxagent.qd.agents import (
     ExtractiveAnswerer,
     ExtractiveDrafter,
@@ -19,9 +24,12 @@ from jaxagent.qd.agents import (
     ScriptedQuestioner,
     best_sentence,
 )
+from jaxagent.qd.graphs import musique_graph
 from jaxagent.qd.loop import LoopConfig, decision_prompts, run_episode, run_suite
 from jaxagent.qd.prompts import EvidenceView, ask_json, first_json_object, parse_action, render_state
+from jaxagent.qd.synthetic import generate
 from jaxagent.qd.transcript import QDRun, read_runs, write_runs
+from tests.loopback import LoopbackServer
 
 TASK = QATask("musique", "t1", "Who founded the company that makes Zorp?", "Ann Lee", ("Ann",),
               tuple(Unit(i, str(i), title, text) for i, (title, text) in enumerate([
@@ -182,9 +190,9 @@ def test_offline_stand_ins_by_hand():
     d = ExtractiveDrafter()
     assert asyncio.run(d.draft(TASK, [units[1], units[0]])) == asyncio.run(d.draft(TASK, [units[0], units[1]]))
     # "zorp" and "founded" each share one word with the task question: the tie goes to the earliest
-    assert asyncio.run(ExtractiveAnswerer().answer(TASK, units, "")) == "Zorp is a drink made by Quux Corp."
+    assert asyncio.run(ExtractiveAnswerer().answer(TASK, units, "")).text == "Zorp is a drink made by Quux Corp."
     long = QATask("2wiki", "w", "alpha beta", "x", (), (Unit(0, "0", "T", "alpha beta " * 40 + "."),), k=1)
-    assert len(asyncio.run(ExtractiveAnswerer().answer(long, list(long.pool), "")).split()) == 30
+    assert len(asyncio.run(ExtractiveAnswerer().answer(long, list(long.pool), "")).text.split()) == 30
     assert "offline stand-in" in d.name and "offline stand-in" in ExtractiveAnswerer().name
 
 
@@ -234,3 +242,96 @@ def test_a_local_policy_questioner_runs_through_the_engine():
     for r in runs:
         assert r.tokens["questioner_prompt"] > 100 and 0 < r.tokens["questioner_completion"] <= 16 * (r.n_asks + 1)
         assert r.stop_reason in ("policy_stop", "budget", "max_turns")
+
+
+def test_every_reading_has_a_known_answer_on_synthetic_tasks():
+    # an oracle asks for each hop's paragraph by its title (k = 1: exactly that paragraph), in the
+    # lines' order or reversed; on 3-hop x 2-line tasks the readings follow by hand
+    class Oracle:
+        name = "oracle"
+
+        def __init__(self, titles):
+            self.titles = titles
+
+        async def act(self, state, key):
+            t = state.turn
+            return Reply(ask_json(f"What is known about {self.titles[t]}?") if t < len(self.titles)
+                         else '{"action": "stop"}')
+
+    for rec in generate(12, depth=3, breadth=2, seed=1, join="question"):
+        task = dataclasses.replace(musique_task(rec, "synthetic"), k=1)
+        g = musique_graph(rec, task)
+        titles = [task.pool[s["paragraph_support_idx"]].title for s in rec["question_decomposition"]]
+        for order, ooo in ((titles, 0.0), (titles[::-1], 1.0)):  # reversed: every prerequisite comes after
+            r = asyncio.run(run_episode(task, Oracle(order), ExtractiveDrafter(), ExtractiveAnswerer(), seed=0,
+                                        key=jax.random.key(0)))
+            assert r.n_asks == 6 and [len(t.retrieved) for t in r.turns] == [1] * 6
+            assert (M.coverage(r, g), M.dwr(r, g), M.deepest_resolved(r, g), M.breadth(r, g)) == (1.0, 1.0, 2, 2)
+            assert M.out_of_order(r, g) == M.out_of_order(r, g, per="need") == ooo
+            assert M.coverage_ladder(r, g) == pytest.approx([t / 6 for t in range(7)])
+            cells = M.stop_cells(r, g)
+            assert (cells.n_done, cells.n_stop_at_done, cells.n_not_done, cells.n_ask_at_not_done) == (1, 1, 6, 6)
+            # prefix 3: one whole line (forward: depths 0, 1, 2 of line 1; reversed: of line 2)
+            assert (M.coverage(r, g, 3), M.dwr(r, g, 3), M.breadth(r, g, 3), M.deepest_resolved(r, g, 3)) == (
+                0.5, 0.5, 1, 2)
+
+
+class _ChatServer(LoopbackServer):
+    """An OpenAI-compatible /v1/chat/completions on 127.0.0.1 that plays every role: as questioner
+    it asks two fixed questions then stops; as drafter or answerer it echoes a short text. Each
+    reply reports usage (prompt tokens = the prompt's words, completion tokens = 7)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.prompts = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                prompt = body["messages"][-1]["content"]
+                server.prompts.append(prompt)
+                if "Reply with exactly one JSON object" in prompt:
+                    asked = len(re.findall(r"^Q\d+: ", prompt, flags=re.MULTILINE))
+                    text = ask_json(["Zorp drink", "Quux Corp founded"][asked]) if asked < 2 else '{"action":"stop"}'
+                else:
+                    text = "Ann Lee founded it."
+                out = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}],
+                                  "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": 7}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self._serve(Handler)
+
+
+def test_endpoint_roles_over_http_count_the_servers_tokens():
+    from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
+    from jaxagent.qd.agents import EndpointAnswerer, EndpointDrafter, EndpointQuestioner
+
+    server = _ChatServer()
+    try:
+        async def main():
+            client = LLMUserClient(LLMUserConfig(base_url=server.base_url, model="m", max_retries=0))
+            try:
+                return await run_episode(TASK, EndpointQuestioner(client), EndpointDrafter(client),
+                                         EndpointAnswerer(client), seed=0, key=jax.random.key(0))
+            finally:
+                await client.aclose()
+
+        r = asyncio.run(main())
+    finally:
+        server.close()
+    assert [t.question for t in r.turns] == ["Zorp drink", "Quux Corp founded"] and r.stop_reason == "policy_stop"
+    assert r.questioner == r.drafter == r.answerer == "endpoint:m" and r.answer == "Ann Lee founded it."
+    # 3 questioner calls, 2 x (resolve + draft), 1 answer: every call's usage lands in its role's counts
+    assert len(server.prompts) == 8
+    assert (r.tokens["questioner_completion"], r.tokens["drafter_completion"], r.tokens["answerer_completion"]) == (
+        21, 28, 7)
+    words = [len(p.split()) for p in server.prompts]
+    assert sum(r.tokens[k] for k in ("questioner_prompt", "drafter_prompt", "answerer_prompt")) == sum(words)

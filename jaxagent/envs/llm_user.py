@@ -311,7 +311,8 @@ class LLMUserClient:
         return delay
 
     @staticmethod
-    def _message(body: bytes, require_content: bool) -> dict[str, Any]:
+    def _message(body: bytes, require_content: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The reply's ``choices[0].message`` and its ``usage`` (``{}`` when the server sends none)."""
         try:
             data = json.loads(body)
         except (ValueError, RecursionError):
@@ -327,7 +328,9 @@ class LLMUserClient:
         if not isinstance(content, str) and (require_content or not isinstance(calls, list) or not calls):
             raise _BadBody(f"choices[0].message.content is {type(content).__name__}; expected a string"
                            + ("" if require_content else " or tool_calls"), "empty_choices")
-        return dict(message, content=content if isinstance(content, str) else None)
+        usage = data.get("usage") if isinstance(data, dict) else None
+        return dict(message, content=content if isinstance(content, str) else None), (
+            usage if isinstance(usage, dict) else {})
 
     async def respond(self, conversation: Sequence[Mapping[str, Any]], profile: Mapping[str, Any]) -> UserReply:
         """The simulated user's next turn. Raises ValueError/ProfileError for a bad conversation or
@@ -343,6 +346,13 @@ class LLMUserClient:
         message, attempts, _ = await self.chat(messages)
         return message["content"], attempts
 
+    async def complete_usage(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, int]]:
+        """Plain chat completion: the reply's text and the server's token counts
+        (``prompt_tokens``, ``completion_tokens``; 0 for a count the server does not send)."""
+        message, usage, _, _ = await self._chat(messages)
+        counts = {k: usage.get(k) for k in ("prompt_tokens", "completion_tokens")}
+        return message["content"], {k: int(v) if isinstance(v, int) else 0 for k, v in counts.items()}
+
     async def chat(self, messages: Sequence[Mapping[str, Any]], *, extra: Mapping[str, Any] | None = None,
                    require_content: bool = True) -> tuple[dict[str, Any], int, float]:
         """One chat-completions call with the retry policy of the module docstring: the reply's
@@ -350,6 +360,11 @@ class LLMUserClient:
         ``require_content`` is False), the HTTP attempts and the wall time. ``extra`` adds request
         fields (``tools``, ``response_format``, ...). Raises :class:`SimulatorError`. Counted in
         ``self.stats`` and in the collectors of `collect_call_stats`."""
+        message, _, attempts, latency = await self._chat(messages, extra=extra, require_content=require_content)
+        return message, attempts, latency
+
+    async def _chat(self, messages: Sequence[Mapping[str, Any]], *, extra: Mapping[str, Any] | None = None,
+                    require_content: bool = True) -> tuple[dict[str, Any], dict[str, Any], int, float]:
         c = self.config
         if self._closed:
             raise RuntimeError("LLMUserClient: the client is closed; expected an open client")
@@ -384,11 +399,11 @@ class LLMUserClient:
                 status, body = response.status_code, response.content
                 if 200 <= status < 300:
                     try:
-                        message = self._message(body, require_content)
+                        message, usage = self._message(body, require_content)
                     except _BadBody as e:
                         excerpt, reason, kind = self._excerpt(body), f"HTTP {status}: {e}", e.kind
                     else:
-                        return message, attempts, time.monotonic() - start
+                        return message, usage, attempts, time.monotonic() - start
                 elif status in _RETRYABLE_STATUS or 500 <= status < 600:
                     excerpt, kind = self._excerpt(body), failure_kind(status)
                     reason = f"HTTP {status}: {excerpt!r}"

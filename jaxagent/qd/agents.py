@@ -162,23 +162,25 @@ class EndpointQuestioner:
         self.client, self.name = client, name or f"endpoint:{client.config.model}"
 
     async def act(self, state: QDState, key: jax.Array) -> Reply:
-        text, _ = await self.client.complete([{"role": "user", "content": state.prompt}])
-        return Reply(text or "", completion_tokens=len((text or "").split()))
+        text, usage = await self.client.complete_usage([{"role": "user", "content": state.prompt}])
+        return Reply(text or "", usage["prompt_tokens"], usage["completion_tokens"])
 
 
 # ----------------------------------------------------------------------------- drafters and answerers
 class Drafter(Protocol):
+    """Each call returns a `Reply`: the text and its token counts (0 without a model)."""
+
     name: str
 
-    async def resolve(self, task: QATask, held: Sequence[Unit], question: str) -> str: ...
+    async def resolve(self, task: QATask, held: Sequence[Unit], question: str) -> Reply: ...
 
-    async def draft(self, task: QATask, held: Sequence[Unit]) -> str: ...
+    async def draft(self, task: QATask, held: Sequence[Unit]) -> Reply: ...
 
 
 class Answerer(Protocol):
     name: str
 
-    async def answer(self, task: QATask, held: Sequence[Unit], draft: str) -> str: ...
+    async def answer(self, task: QATask, held: Sequence[Unit], draft: str) -> Reply: ...
 
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
@@ -203,12 +205,12 @@ class ExtractiveDrafter:
 
     name = "extractive (offline stand-in, no model)"
 
-    async def resolve(self, task: QATask, held: Sequence[Unit], question: str) -> str:
-        return first_words(best_sentence(held, question) or "The evidence held does not say.", REPLY_WORDS)
+    async def resolve(self, task: QATask, held: Sequence[Unit], question: str) -> Reply:
+        return Reply(first_words(best_sentence(held, question) or "The evidence held does not say.", REPLY_WORDS))
 
-    async def draft(self, task: QATask, held: Sequence[Unit]) -> str:
+    async def draft(self, task: QATask, held: Sequence[Unit]) -> Reply:
         parts = [best_sentence([u], task.question) for u in sorted(held, key=lambda u: u.index)]
-        return first_words(" ".join(p for p in parts if p), DRAFT_WORDS)
+        return Reply(first_words(" ".join(p for p in parts if p), DRAFT_WORDS))
 
 
 class ExtractiveAnswerer:
@@ -216,42 +218,39 @@ class ExtractiveAnswerer:
 
     name = "extractive (offline stand-in, no model)"
 
-    async def answer(self, task: QATask, held: Sequence[Unit], draft: str) -> str:
+    async def answer(self, task: QATask, held: Sequence[Unit], draft: str) -> Reply:
         pseudo = [Unit(-1, "", "", draft)] if draft else []
-        return first_words(best_sentence(pseudo + list(held), task.question), ANSWER_WORDS)
+        return Reply(first_words(best_sentence(pseudo + list(held), task.question), ANSWER_WORDS))
 
 
 def _evidence_block(held: Sequence[Unit], chars: int) -> str:
     return "\n".join(f"- {u.title}: {u.text[:chars]}" for u in sorted(held, key=lambda u: u.index)) or "(none)"
 
 
-class EndpointDrafter:
+class _Endpoint:
     def __init__(self, client: LLMUserClient):
         self.client, self.name = client, f"endpoint:{client.config.model}"
 
-    async def resolve(self, task: QATask, held: Sequence[Unit], question: str) -> str:
-        text, _ = await self.client.complete([{"role": "user", "content": (
-            f"Task: {task.question}\n\nEvidence:\n{_evidence_block(held, DRAFTER_EVIDENCE_CHARS)}\n\n"
-            f"Answer this question from the evidence only, briefly (say so if it does not say): {question}")}])
-        return first_words(text or "", REPLY_WORDS)
-
-    async def draft(self, task: QATask, held: Sequence[Unit]) -> str:
-        text, _ = await self.client.complete([{"role": "user", "content": (
-            f"Task: {task.question}\n\nEvidence:\n{_evidence_block(held, DRAFTER_EVIDENCE_CHARS)}\n\n"
-            "Write the current draft answer to the task from this evidence only: what is established, what is "
-            "still missing.")}])
-        return first_words(text or "", DRAFT_WORDS)
+    async def _ask(self, task: QATask, held: Sequence[Unit], instruction: str, words: int) -> Reply:
+        text, usage = await self.client.complete_usage([{"role": "user", "content": (
+            f"Task: {task.question}\n\nEvidence:\n{_evidence_block(held, DRAFTER_EVIDENCE_CHARS)}\n\n{instruction}")}])
+        return Reply(first_words(text or "", words), usage["prompt_tokens"], usage["completion_tokens"])
 
 
-class EndpointAnswerer:
-    def __init__(self, client: LLMUserClient):
-        self.client, self.name = client, f"endpoint:{client.config.model}"
+class EndpointDrafter(_Endpoint):
+    async def resolve(self, task: QATask, held: Sequence[Unit], question: str) -> Reply:
+        return await self._ask(task, held, "Answer this question from the evidence only, briefly (say so if it "
+                                           f"does not say): {question}", REPLY_WORDS)
 
-    async def answer(self, task: QATask, held: Sequence[Unit], draft: str) -> str:
-        text, _ = await self.client.complete([{"role": "user", "content": (
-            f"Task: {task.question}\n\nEvidence:\n{_evidence_block(held, DRAFTER_EVIDENCE_CHARS)}\n\n"
-            f"Draft:\n{draft}\n\nGive the final answer only, in a few words.")}])
-        return first_words(text or "", ANSWER_WORDS)
+    async def draft(self, task: QATask, held: Sequence[Unit]) -> Reply:
+        return await self._ask(task, held, "Write the current draft answer to the task from this evidence only: "
+                                           "what is established, what is still missing.", DRAFT_WORDS)
+
+
+class EndpointAnswerer(_Endpoint):
+    async def answer(self, task: QATask, held: Sequence[Unit], draft: str) -> Reply:
+        return await self._ask(task, held, f"Draft:\n{draft}\n\nGive the final answer only, in a few words.",
+                               ANSWER_WORDS)
 
 
 def describe(obj: Any) -> str:

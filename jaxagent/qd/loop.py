@@ -80,7 +80,13 @@ async def run_episode(task: QATask, questioner: Questioner, drafter: Drafter, an
     history: list[tuple[str, str]] = []
     turns: list[QDTurn] = []
     malformed, stop_reason, final_raw = 0, "max_turns", ""
-    tokens = {"questioner_prompt": 0, "questioner_completion": 0}
+    tokens = dict.fromkeys(("questioner_prompt", "questioner_completion", "drafter_prompt", "drafter_completion",
+                            "answerer_prompt", "answerer_completion"), 0)
+
+    def spent(role: str, reply) -> str:
+        tokens[f"{role}_prompt"] += reply.prompt_tokens
+        tokens[f"{role}_completion"] += reply.completion_tokens
+        return reply.text
     base = {"benchmark": task.benchmark, "task_id": task.task_id, "seed": seed, "questioner": describe(questioner),
             "cap": config.cap, "max_turns": config.max_turns, "drafter": describe(drafter),
             "answerer": describe(answerer)}
@@ -90,8 +96,7 @@ async def run_episode(task: QATask, questioner: Questioner, drafter: Drafter, an
                                   draft=draft, history=history)
             state = QDState(task, tuple(held), new, draft, tuple(history), prompt, t, tuple(len(x.new) for x in turns))
             reply = await _call("questioner.act", config.retries, questioner.act, state, jax.random.fold_in(key, t))
-            tokens["questioner_prompt"] += reply.prompt_tokens
-            tokens["questioner_completion"] += reply.completion_tokens
+            spent("questioner", reply)
             action = parse_action(reply.text)
             if action.kind == "stop":
                 malformed += action.malformed
@@ -104,16 +109,17 @@ async def run_episode(task: QATask, questioner: Questioner, drafter: Drafter, an
             new = tuple(i for i in retrieved if i not in held)
             held += new
             units = [task.pool[i] for i in held]
-            answer = await _call("drafter.resolve", config.retries, drafter.resolve, task, units, action.question)
-            draft = await _call("drafter.draft", config.retries, drafter.draft, task, units)
+            answer = spent("drafter", await _call("drafter.resolve", config.retries, drafter.resolve, task, units,
+                                                  action.question))
+            draft = spent("drafter", await _call("drafter.draft", config.retries, drafter.draft, task, units))
             history.append((action.question, answer))
             turns.append(QDTurn(action.question, retrieved, new, answer, action.rationale, action.parent_uids,
                                 question_tokens=count(action.question), completion_tokens=reply.completion_tokens,
                                 raw=reply.text, draft=draft))
         units = [task.pool[i] for i in held]
         if not turns:
-            draft = await _call("drafter.draft", config.retries, drafter.draft, task, units)
-        final = await _call("answerer.answer", config.retries, answerer.answer, task, units, draft)
+            draft = spent("drafter", await _call("drafter.draft", config.retries, drafter.draft, task, units))
+        final = spent("answerer", await _call("answerer.answer", config.retries, answerer.answer, task, units, draft))
     except RoleFailed as e:
         return QDRun(turns=tuple(turns), stop_reason=stop_reason if stop_reason != "max_turns" else "policy_stop",
                      malformed=malformed, draft=draft, tokens=tokens, failed=True, error=str(e), final_raw=final_raw,
