@@ -133,3 +133,20 @@ def test_bad_qd_settings_are_named(tmp_path):
         with pytest.raises(SystemExit, match="config error") as e:
             main([*BASE, f"runs_dir={tmp_path}", *argv])
         assert needle in str(e.value), (argv, str(e.value))
+
+
+def test_the_asymmetric_equal_spend_reads_the_treatment_at_its_own_end(musique):
+    from jaxagent.envs.retrieval_qa.tasks import load_suite
+    from jaxagent.eval.qd_report import arm_summary, compare
+
+    run, s = musique
+    graphs = dict((t.task_id, g) for t, g in build_graphs("musique"))
+    tasks = {t.task_id: t for _, t in load_suite("musique")}
+    treat, base = read_runs(run / "runs_treatment.jsonl"), read_runs(run / "runs_baseline.jsonl")
+    asym = compare(treat, base, graphs, tasks=tasks, resamples=2000, variant="asymmetric")
+    # never-ask asks nothing: the comparator is read at 0 questions, the treatment at its own stop
+    assert asym["equal_spend"]["coverage"]["mean_diff"] == pytest.approx(s["arms"]["treatment"]["coverage"])
+    assert asym["equal_spend_variant"] == "asymmetric" and s["comparison"]["equal_spend_variant"] == "symmetric"
+    arm = arm_summary(treat, graphs, tasks=tasks)
+    assert arm["breadth_components"] >= arm["breadth"] > 0  # musique: at most one facet, components >= 1
+    assert 0 <= arm["breadth_components_singleton_share"] <= 1

@@ -71,6 +71,10 @@ def arm_summary(runs: Sequence[QDRun], graphs: Mapping[str, NeedGraph], *, tasks
     # the runs' counted tokens (a local policy's prompts and completions; 0 for a scripted arm and the
     # offline stand-ins, which use no model: then the reading is undefined, not 0)
     counted = any(sum(r.tokens.values()) for r in runs)
+    comps = [M.breadth_components(r, graphs[r.task_id]) for r in runs]  # breadth's components variant
+    out["breadth_components"] = _task_mean([(r.task_id, c.count) for r, c in zip(runs, comps)])
+    out["breadth_components_singleton_share"] = _task_mean(
+        [(r.task_id, c.singleton_share) for r, c in zip(runs, comps)])
     out["tokens_per_required_need"] = M.pooled_tokens_per_need(runs, graphs) if counted else math.nan
     out["malformed"] = int(sum(r.malformed for r in runs))
     out["stop_reasons"] = {s: sum(r.stop_reason == s for r in runs) for s in ("policy_stop", "budget", "max_turns")}
@@ -113,14 +117,14 @@ def per_task(runs: Sequence[QDRun], graphs: Mapping[str, NeedGraph], *, tasks: M
 
 def compare(treatment: Sequence[QDRun], baseline: Sequence[QDRun], graphs: Mapping[str, NeedGraph], *,
             tasks: Mapping[str, Any], depth_rule: str = "longest", resamples: int = 10_000, seed: int = 0,
-            ) -> dict[str, Any]:
+            variant: str = "symmetric") -> dict[str, Any]:
     """Treatment - baseline, paired by (task, seed): the equal-spend rows (symmetric), the length
     control (coverage, the baseline read at the prefix whose question tokens fit the treatment's),
     then own stop (coverage, questions, answer F1), each with `compare_arms`' interval, verdict, p
     and MDE."""
-    out: dict[str, Any] = {"equal_spend": {}, "own_stop": {}}
+    out: dict[str, Any] = {"equal_spend_variant": variant, "equal_spend": {}, "own_stop": {}}
     for name in SPEND_ROWS:
-        sc = M.equal_spend(treatment, baseline, graphs, metric=_metric(name, depth_rule))
+        sc = M.equal_spend(treatment, baseline, graphs, metric=_metric(name, depth_rule), variant=variant)
         a = {(t, 0): p.treatment for t, p in sc.per_task.items()}
         b = {(t, 0): p.comparator for t, p in sc.per_task.items()}
         out["equal_spend"][name] = dict(_compare(a, b, resamples, seed), dropped_pairs=sc.dropped,

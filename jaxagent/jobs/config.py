@@ -279,6 +279,9 @@ class QDSection:
         2, "more tries of a failed questioner / drafter / answerer call before the run is marked failed")
     concurrency: int = _help(16, "runs played at once")
     depth_rule: Literal["longest", "shortest"] = "longest"
+    equal_spend: Literal["symmetric", "asymmetric"] = _help(
+        "symmetric", "equal spend: both arms read at the lower question count, or (asymmetric) the treatment at "
+                     "its own end and the baseline at that count")
     frontier_caps: tuple[int, ...] = _help((4, 8, 12, 16, 24), "the budget frontier's caps (read as prefixes)")
     bootstrap: int = _help(10_000, "resamples of the printed BCa intervals")
     max_failed_share: float = _help(0.5, "stop (non-zero exit) when more runs than this share failed")

@@ -154,7 +154,8 @@ def run_qd_eval(cfg: RunConfig) -> dict[str, Any]:
         asyncio.run(close())
     if "baseline" in all_runs and "failure" not in summary:
         summary["comparison"] = qd_report.compare(all_runs["treatment"], all_runs["baseline"], graphs, tasks=by_id,
-                                                  depth_rule=q.depth_rule, resamples=q.bootstrap, seed=cfg.seed)
+                                                  depth_rule=q.depth_rule, resamples=q.bootstrap, seed=cfg.seed,
+                                                  variant=q.equal_spend)
     summary["plots"] = [str(p.relative_to(run_dir)) for p in qd_report.plot(summary, run_dir / "plots")]
     summary["wall_seconds"] = time.perf_counter() - t0
     (run_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2, default=_json) + "\n")
