@@ -105,7 +105,7 @@ class ScriptedQuestioner:
             for j, name in enumerate(names):
                 if name in _STOPWORD_NAMES or len(name) < 3:
                     continue
-                q = self.question(name, state.task.question)
+                q = f"What is known about {name}?"
                 if q.casefold() in asked or name.casefold() in seen:
                     continue
                 overlap = len(set(tokenize(unit.text)) & qwords)
@@ -113,10 +113,6 @@ class ScriptedQuestioner:
         if not candidates:
             return Reply(STOP_JSON)
         return Reply(ask_json(min(candidates)[2], "an entity the new evidence names"))
-
-    @staticmethod
-    def question(name: str, task_question: str) -> str:
-        return f"What is known about {name}?"
 
     @staticmethod
     def _newest_first(state: QDState) -> list[int]:

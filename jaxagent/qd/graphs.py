@@ -25,7 +25,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from jaxagent.envs.retrieval_qa.tasks import BENCHMARKS, QATask, load_suite, strategyqa_corpus, strategyqa_step_evidence
+from jaxagent.envs.retrieval_qa.tasks import BENCHMARKS, QATask, load_corpus, load_suite, strategyqa_step_evidence
 
 DepthRule = Literal["longest", "shortest"]
 _REF = re.compile(r"#(\d+)")
@@ -242,14 +242,11 @@ def wiki2_graph(record: Mapping[str, Any], task: QATask) -> NeedGraph:
 
 def build_graphs(benchmark: str, path=None, paragraphs=None) -> list[tuple[QATask, NeedGraph]]:
     """(task, graph) for every usable record of a benchmark file (the shipped one by default)."""
-    suite = load_suite(benchmark, path, paragraphs)
-    if benchmark == "strategyqa":
-        from jaxagent.envs.retrieval_qa.tasks import SHIPPED_PARAGRAPHS, read_json
-
-        corpus = strategyqa_corpus(read_json(paragraphs or SHIPPED_PARAGRAPHS, "StrategyQA paragraphs"))
-        return [(t, strategyqa_graph(r, t, corpus)) for r, t in suite]
+    if benchmark == "strategyqa":  # the corpus read once, for the pools and the step evidence
+        corpus = load_corpus(paragraphs)
+        return [(t, strategyqa_graph(r, t, corpus)) for r, t in load_suite(benchmark, path, corpus=corpus)]
     build = musique_graph if benchmark in ("musique", "synthetic") else wiki2_graph
-    return [(t, build(r, t)) for r, t in suite]
+    return [(t, build(r, t)) for r, t in load_suite(benchmark, path)]
 
 
 def _hist(values) -> dict[str, int]:

@@ -163,18 +163,24 @@ def load_records(benchmark: str, path: Path | str | None = None) -> list[dict[st
                          "(python -m jaxagent.qd.synthetic writes one)")
     data = read_json(path or SHIPPED[benchmark], f"{benchmark} records")
     if not isinstance(data, list):
-        raise ValueError(f"{path or SHIPPED[benchmark]}: a {type(data).__name__}; expected a list of {benchmark} records")
+        raise ValueError(f"{path or SHIPPED[benchmark]}: a {type(data).__name__}; expected a list of {benchmark} "
+                         "records")
     return data
 
 
-def load_suite(benchmark: str, path: Path | str | None = None, paragraphs: Path | str | None = None,
-               ) -> list[tuple[dict[str, Any], QATask]]:
+def load_corpus(paragraphs: Path | str | None = None) -> dict[str, tuple[str, str]]:
+    """The StrategyQA corpus (`strategyqa_corpus`) of a paragraphs file (the shipped one by default)."""
+    return strategyqa_corpus(read_json(paragraphs or SHIPPED_PARAGRAPHS, "StrategyQA paragraphs"))
+
+
+def load_suite(benchmark: str, path: Path | str | None = None, paragraphs: Path | str | None = None, *,
+               corpus: Mapping[str, tuple[str, str]] | None = None) -> list[tuple[dict[str, Any], QATask]]:
     """(record, task) for every usable record of a benchmark file, in file order (skipped:
-    MuSiQue's unanswerable records, StrategyQA's empty decompositions). ``paragraphs``: the
-    StrategyQA corpus (the shipped paragraphs file by default)."""
+    MuSiQue's unanswerable records, StrategyQA's empty decompositions). StrategyQA's corpus:
+    ``corpus`` when given, else `load_corpus` of ``paragraphs``."""
     records = load_records(benchmark, path)
     if benchmark == "strategyqa":
-        corpus = strategyqa_corpus(read_json(paragraphs or SHIPPED_PARAGRAPHS, "StrategyQA paragraphs"))
+        corpus = corpus if corpus is not None else load_corpus(paragraphs)
         built = [(r, strategyqa_task(r, corpus)) for r in records]
     elif benchmark in ("musique", "synthetic"):
         built = [(r, musique_task(r, benchmark)) for r in records]
@@ -183,5 +189,5 @@ def load_suite(benchmark: str, path: Path | str | None = None, paragraphs: Path 
     return [(r, t) for r, t in built if t is not None]
 
 
-__all__ = ["BENCHMARKS", "TOP_K", "QATask", "Unit", "load_records", "load_suite", "musique_task",
+__all__ = ["BENCHMARKS", "TOP_K", "QATask", "Unit", "load_corpus", "load_records", "load_suite", "musique_task",
            "strategyqa_corpus", "strategyqa_step_evidence", "strategyqa_task", "wiki2_task"]
