@@ -215,10 +215,10 @@ def check_processes(cfg: RunConfig) -> None:
     an endpoint) use no mesh: they run in one process."""
     import jax
 
-    if jax.process_count() > 1 and cfg.job == "qd_eval":
+    if jax.process_count() > 1 and cfg.job in ("qd_eval", "qd_label"):
         raise configlib.ConfigError(
-            f"job='qd_eval': this launch is one of {jax.process_count()} processes; the Q&D evaluation runs in one "
-            "process (mesh.distributed=false)")
+            f"job={cfg.job!r}: this launch is one of {jax.process_count()} processes; the Q&D evaluation and labelling "
+            "run in one process (mesh.distributed=false)")
     if jax.process_count() > 1 and cfg.job == "eval" and cfg.eval.agent != "policy":
         raise configlib.ConfigError(
             f"eval.agent={cfg.eval.agent!r}: this launch is one of {jax.process_count()} processes, and a host agent "

@@ -29,7 +29,7 @@ from jaxagent.models.sharding import MeshConfig
 from jaxagent.train.rl import RLSettings
 from jaxagent.train.step import OptimSettings
 
-JOBS = ("sft", "rl", "sft+rl", "eval", "qd_eval")
+JOBS = ("sft", "rl", "sft+rl", "eval", "qd_eval", "qd_label", "dpo")
 GYM_NAMES = ("intention", "telepathy", "function", "preference")
 BUILTIN_TOKENIZER = "builtin:gyms"
 
@@ -190,8 +190,24 @@ class SFTSection:
     max_skipped_share: float = _help(
         0.5, "stop (non-zero exit) once more than this share of the SFT updates were skipped for non-finite "
              "values (checked at each logged step once 4 were made, and at the end; 1: never)")
+    data: str | None = _help(
+        None, "a JSONL of prompt-completion rows (job=qd_label's sft.jsonl or decisions.jsonl): job=sft trains on "
+              "them (completion-only loss, the rows' sample weights) instead of an environment's demonstrations")
+    epochs: float | None = _help(None, "with sft.data: passes over the rows (sets the steps; null: sft.steps)")
+    warmup_ratio: float | None = _help(None, "with sft.data: warmup as a share of the steps (null: sft.warmup_steps)")
+    microbatches: int = _help(1, "with sft.data: gradient accumulation (sft.batch_size rows in this many parts)")
+    max_len: int = _help(5120, "with sft.data: rows of more tokens (prompt + completion) are left out, counted")
 
     def __post_init__(self) -> None:
+        for f in ("epochs", "warmup_ratio"):
+            v = getattr(self, f)
+            if v is not None:
+                _number_in(f, v, lo=0.0, lo_open=f == "epochs", hi=1.0 if f == "warmup_ratio" else math.inf,
+                           what="a number in [0, 1]" if f == "warmup_ratio" else "a number > 0 or null")
+        _at_least("microbatches", self.microbatches, 1)
+        _at_least("max_len", self.max_len, 2)
+        if self.batch_size % self.microbatches:
+            raise ValueError(f"microbatches={self.microbatches}: expected a divisor of sft.batch_size={self.batch_size}")
         if not 0.0 <= self.max_skipped_share <= 1.0:
             raise ValueError(f"max_skipped_share={self.max_skipped_share}: expected a number in [0, 1] (1: never stop)")
         if self.warmup_steps is not None and (isinstance(self.warmup_steps, bool) or self.warmup_steps < 0):
@@ -287,11 +303,17 @@ class QDSection:
     max_failed_share: float = _help(0.5, "stop (non-zero exit) when more runs than this share failed")
     temperature: float = _help(0.7, "questioner=policy: sampling temperature (0: greedy)")
     max_new_tokens: int = _help(400, "questioner=policy: tokens per decision")
+    forks: int = _help(8, "job=qd_label: candidates per state (candidate 0 is the parent)")
+    floor: float = _help(0.071213, "job=qd_label: the floor m (tau + 1.5 sigma_J sqrt 2) an ASK's gain must clear "
+                                   "to be an SFT target, and a pair's margin")
+    max_pairs: int = _help(12, "job=qd_label: ask_ask + recorded ask_stop pairs kept per state")
+    max_len_delta: int = _help(40, "job=qd_label: largest question length difference (characters) of an ask_ask pair")
 
     def __post_init__(self) -> None:
-        for f in ("tasks", "seeds", "concurrency", "bootstrap", "max_new_tokens"):
+        _number_in("floor", self.floor, lo=0.0, what="a finite number >= 0")
+        for f in ("tasks", "seeds", "concurrency", "bootstrap", "max_new_tokens", "forks", "max_pairs"):
             _at_least(f, getattr(self, f), 1)
-        for f in ("first_task", "cap", "max_turns", "retries"):
+        for f in ("first_task", "cap", "max_turns", "retries", "max_len_delta"):
             _at_least(f, getattr(self, f), 0)
         if not self.frontier_caps or any(c < 0 for c in self.frontier_caps):
             raise ValueError(f"frontier_caps={list(self.frontier_caps)}: expected non-negative integers")
@@ -310,7 +332,7 @@ class QDSection:
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     name: str = _help("quickstart", "runs/<name>/ holds everything the run writes")
-    job: Literal["sft", "rl", "sft+rl", "eval", "qd_eval"] = "sft+rl"
+    job: Literal["sft", "rl", "sft+rl", "eval", "qd_eval", "qd_label", "dpo"] = "sft+rl"
     runs_dir: str = "runs"
     seed: int = 0
     steps: int = _help(32, "RL iterations")
@@ -379,7 +401,10 @@ class RunConfig:
             raise ValueError("tokenizer='builtin:gyms': the gyms' closed vocabulary cannot spell tau2 retail text; "
                              "expected a tokenizer directory (e.g. the checkpoint's, as model.path)")
         check_timeout(self)
-        if self.job == "qd_eval" and "policy" in (self.qd.questioner, self.qd.baseline) \
+        if self.sft.data is not None and self.job != "sft":
+            raise ValueError(f"sft.data={self.sft.data!r}: rows train in job=sft (got job={self.job!r}); expected "
+                             "job=sft, or sft.data=null")
+        if self.job in ("qd_eval", "qd_label") and "policy" in (self.qd.questioner, self.qd.baseline) \
                 and self.tokenizer == BUILTIN_TOKENIZER:
             raise ValueError("tokenizer='builtin:gyms': the gyms' closed vocabulary cannot spell retrieval QA text; "
                              "expected a tokenizer directory for qd.questioner=policy (e.g. the checkpoint's)")
@@ -457,8 +482,8 @@ def default_name(cfg: RunConfig) -> str:
     (sft+rl on the intention gym), else ``<job>-<gym or env.kind>`` (e.g. ``eval-tau2_retail``),
     so runs of other jobs do not land in the quickstart's directory."""
     env = cfg.env.gym if cfg.env.kind == "gym" else cfg.env.kind
-    if cfg.job == "qd_eval":
-        return f"qd_eval-{cfg.qd.benchmark}"
+    if cfg.job in ("qd_eval", "qd_label"):
+        return f"{cfg.job}-{cfg.qd.benchmark}"
     if (cfg.job, cfg.env.kind, cfg.env.gym) == ("sft+rl", "gym", "intention"):
         return "quickstart"
     return f"{cfg.job}-{env}"

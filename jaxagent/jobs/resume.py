@@ -163,8 +163,8 @@ def run_identity(data: dict[str, Any]) -> dict[str, Any]:
     """What makes two launches the same kind of run: the job and the environment."""
     env = data.get("env") or {}
     ident = {"job": data.get("job"), "env.kind": env.get("kind")}
-    if data.get("job") == "qd_eval":  # the suite, not the (unused) environment
-        return {"job": "qd_eval", "qd.benchmark": (data.get("qd") or {}).get("benchmark")}
+    if data.get("job") in ("qd_eval", "qd_label"):  # the suite, not the (unused) environment
+        return {"job": data.get("job"), "qd.benchmark": (data.get("qd") or {}).get("benchmark")}
     if env.get("kind") == "gym":
         ident["env.gym"] = env.get("gym")
     return ident

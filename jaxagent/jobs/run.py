@@ -52,6 +52,14 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
         from jaxagent.jobs.qd_eval import run_qd_eval
 
         return run_qd_eval(cfg)
+    if cfg.job == "sft" and cfg.sft.data is not None:  # rows exported by job=qd_label, no environment
+        from jaxagent.jobs.offline import run_sft_rows
+
+        return run_sft_rows(cfg)
+    if cfg.job == "qd_label":  # forks labelled by their consequences
+        from jaxagent.jobs.qd_label import run_qd_label
+
+        return run_qd_label(cfg)
     t0 = time.perf_counter()
     run = prepare(cfg)
     before = _previous_eval(run, "before") if cfg.resume else None

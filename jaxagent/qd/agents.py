@@ -121,20 +121,41 @@ class ScriptedQuestioner:
         return list(state.new) + older
 
 
+def decision_prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """The tokens a local questioner conditions on for the rendered state ``prompt``: one user
+    turn and the assistant's generation prompt, thinking disabled (what a training row's prompt is)."""
+    from jaxagent.text.chat import ChatRenderer
+
+    chat = ChatRenderer(tokenizer, thinking="disabled")
+    chat.add({"role": "user", "content": prompt})
+    return chat.start_generation()
+
+
+def completion_ids(tokenizer, text: str) -> list[int]:
+    """The tokens a local questioner generates to reply ``text``: the text's tokens and the
+    end-of-turn token the template closes an assistant turn with (what a training row's completion is)."""
+    from jaxagent.text.chat import ChatRenderer
+
+    chat = ChatRenderer(tokenizer, thinking="disabled")
+    msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": text}]
+    rest = chat.render_text(msgs)
+    rest = rest[rest.rindex(text) + len(text):] if text and text in rest else rest
+    stops = sorted(chat.stop_token_ids)
+    ends = [(rest.index(tok), i) for i in stops if (tok := tokenizer.id_to_token(i)) and tok in rest]
+    if not ends:
+        raise ValueError(f"the chat template writes none of the stop tokens {stops} after an assistant turn")
+    return [*tokenizer.encode(text), min(ends)[1]]
+
+
 class PolicyQuestioner:
     """A local model through the generation engine; ``name`` e.g. ``"local:runs/x/hf"``."""
 
     def __init__(self, engine, tokenizer, sampling, *, name: str = "policy"):
-        from jaxagent.text.chat import ChatRenderer
-
         self.engine, self.tok, self.sampling, self.name = engine, tokenizer, sampling, name
-        self._renderer = lambda: ChatRenderer(tokenizer, thinking="disabled")
         self._n = 0
 
     async def act(self, state: QDState, key: jax.Array) -> Reply:
-        chat = self._renderer()
-        chat.add({"role": "user", "content": state.prompt})
-        prompt = chat.start_generation()
+        prompt = decision_prompt_ids(self.tok, state.prompt)
         need = len(prompt) + self.sampling.max_new_tokens
         if need > self.engine.capacity:  # a setting, not an outcome of the run
             from jaxagent.rollout.loop import EpisodeBudgetError
@@ -255,4 +276,4 @@ def describe(obj: Any) -> str:
 
 __all__ = ["ANSWER_WORDS", "DRAFT_WORDS", "REPLY_WORDS", "Answerer", "Drafter", "EndpointAnswerer", "EndpointDrafter",
            "EndpointQuestioner", "ExtractiveAnswerer", "ExtractiveDrafter", "NeverAsk", "PolicyQuestioner", "QDState",
-           "Questioner", "Reply", "ScriptedQuestioner", "best_sentence", "first_words"]
+           "Questioner", "Reply", "ScriptedQuestioner", "best_sentence", "completion_ids", "decision_prompt_ids", "first_words"]

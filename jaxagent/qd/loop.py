@@ -68,11 +68,28 @@ def _views(task: QATask, held: Sequence[int]) -> list[EvidenceView]:
 
 async def run_episode(task: QATask, questioner: Questioner, drafter: Drafter, answerer: Answerer, *,
                       seed: int, key: jax.Array, config: LoopConfig = LoopConfig(), index: PoolIndex | None = None,
-                      count_tokens: Callable[[str], int] | None = None) -> QDRun:
+                      count_tokens: Callable[[str], int] | None = None, replay: QDRun | None = None,
+                      fork_turn: int = 0, fork_seed: int | None = None) -> QDRun:
     """One run of ``task`` (module docstring). ``index``: the pool's BM25 index (built when None);
-    ``count_tokens``: a question's tokens (whitespace words when None)."""
+    ``count_tokens``: a question's tokens (whitespace words when None).
+
+    A fork (the spec's §4.1): with ``replay`` (a run of the same task and seed), its first
+    ``fork_turn`` executed questions are replayed (each question retrieved again, which must
+    return what the parent recorded; the parent's drafter replies and drafts kept, so evidence
+    and history are identical) and the questioner acts from decision ``fork_turn`` on, its key
+    of decision t then ``fold_in(fold_in(key, fork_seed), t)`` (``fork_seed`` = ``seed`` continues
+    the parent exactly). The returned run keeps ``seed`` (the rollout seed it pairs under)."""
     index = index or PoolIndex([(u.title, u.text) for u in task.pool])
     count = count_tokens or (lambda s: len(s.split()))
+    if replay is not None:
+        if (replay.task_id, replay.seed) != (task.task_id, seed):
+            raise ValueError(f"replay: a run of task {replay.task_id!r} seed {replay.seed}; expected task "
+                             f"{task.task_id!r} seed {seed}")
+        if not 0 <= fork_turn <= replay.n_asks:
+            raise ValueError(f"fork_turn={fork_turn}: expected 0 <= fork_turn <= the parent's {replay.n_asks} questions")
+    elif fork_turn:
+        raise ValueError(f"fork_turn={fork_turn}: expected 0 without a run to replay")
+    fork_key = jax.random.fold_in(key, seed if fork_seed is None else fork_seed)
     key = jax.random.fold_in(key, seed)
     held: list[int] = []
     new: tuple[int, ...] = ()
@@ -92,10 +109,23 @@ async def run_episode(task: QATask, questioner: Questioner, drafter: Drafter, an
             "answerer": describe(answerer)}
     try:
         for t in range(config.max_turns):
+            if t < fork_turn:  # the parent's prefix, replayed
+                turn = replay.turns[t]
+                retrieved = tuple(index.search(turn.question, task.k))
+                if retrieved != turn.retrieved:
+                    raise ValueError(f"replay of task {task.task_id!r} seed {seed} turn {t}: the question retrieves "
+                                     f"{list(retrieved)}, the parent recorded {list(turn.retrieved)} (another pool?)")
+                new = tuple(i for i in retrieved if i not in held)
+                held += new
+                draft = turn.draft
+                history.append((turn.question, turn.reply))
+                turns.append(turn)
+                continue
             prompt = render_state(question=task.question, benchmark=task.benchmark, evidence=_views(task, held),
                                   draft=draft, history=history)
             state = QDState(task, tuple(held), new, draft, tuple(history), prompt, t, tuple(len(x.new) for x in turns))
-            reply = await _call("questioner.act", config.retries, questioner.act, state, jax.random.fold_in(key, t))
+            reply = await _call("questioner.act", config.retries, questioner.act, state,
+                                jax.random.fold_in(fork_key if replay is not None else key, t))
             spent("questioner", reply)
             action = parse_action(reply.text)
             if action.kind == "stop":
