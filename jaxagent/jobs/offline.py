@@ -1,0 +1,181 @@
+"""Training on exported rows, no environment: ``job=sft`` with ``sft.data`` (Q&D stage 1) and
+``job=dpo`` (Q&D stages 2 and 3; docs/QD.md).
+
+    python -m jaxagent.launch job=sft sft.data=runs/lab/sft.jsonl model.path=... name=stage1
+    python -m jaxagent.launch job=dpo dpo.data=runs/lab/pairs.jsonl dpo.stage=2 model.path=runs/stage1/hf name=stage2
+
+Each row's prompt is rendered as the local questioner sees it (one user turn, the assistant's
+generation prompt, thinking disabled: `jaxagent.qd.agents.decision_prompt_ids`) and its completion
+as the questioner generates it (the target's tokens and the end-of-turn token: `completion_ids`),
+so what is trained is what is sampled. Rows longer than the length limit are left out and counted;
+a job left with nothing to train on stops with a non-zero exit. Checkpoints under
+``checkpoints/<phase>/`` (``resume=true`` continues), the policy exported to ``hf/`` (a plain HF
+checkpoint; with ``model.lora`` the adapter merged into it) and with ``model.lora`` the adapter
+alone to ``adapter/`` (PEFT format), ``metrics.jsonl`` and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxagent import configlib
+from jaxagent.jobs.build import build_model, build_tokenizer, tokenizer_path
+from jaxagent.jobs.config import RunConfig
+from jaxagent.jobs.phases import _check_skipped, _resume, sft_optim
+from jaxagent.jobs.runlog import RunLog
+from jaxagent.models import LogicalRules, make_mesh, save_pretrained
+from jaxagent.models.config import QwenConfig
+from jaxagent.models.sharding import batch_sharding
+from jaxagent.qd import labels
+from jaxagent.qd.agents import completion_ids, decision_prompt_ids
+from jaxagent.rollout.processes import ProcessGroup
+from jaxagent.text.tokenizer import Tokenizer
+from jaxagent.train.rows import RowTokens, row_batch, weighted_sft_loss_fn
+from jaxagent.train.step import (StepShardings, TrainingFailed, TrainState, learning_rate, make_optimizer, make_update,
+                                 place_on_mesh)
+
+
+@dataclasses.dataclass
+class OfflineRun:
+    """What `jaxagent.jobs.phases`' checkpoint helpers read of a run (`Run`'s fields they use)."""
+
+    cfg: RunConfig
+    run_dir: Path
+    tok: Tokenizer
+    qcfg: QwenConfig
+    params: Any
+    rules: LogicalRules
+    log: RunLog
+    processes: ProcessGroup = dataclasses.field(default_factory=ProcessGroup)
+
+
+def prepare_offline(cfg: RunConfig) -> OfflineRun:
+    """The run directory checked and recorded, the tokenizer and the policy (no environment, no engine)."""
+    from jaxagent.jobs.resume import check_run_dir, record_config
+
+    run_dir = Path(cfg.runs_dir) / cfg.name
+    check_run_dir(cfg, run_dir)
+    if run_dir.exists() and not cfg.resume and any((run_dir / "checkpoints").glob("*/*")):
+        raise FileExistsError(f"{run_dir}: a run with checkpoints exists; set resume=true to continue it or pick "
+                              "another name=")
+    rules = LogicalRules(make_mesh(cfg.mesh))
+    tok = build_tokenizer(cfg)
+    qcfg, params = build_model(cfg, tok, rules)
+    log = RunLog(run_dir, cfg.progress)
+    record_config(cfg, run_dir)
+    return OfflineRun(cfg, run_dir, tok, qcfg, params, rules, log)
+
+
+# ----------------------------------------------------------------------------- rows
+def sft_row_tokens(rows: list[labels.SFTRow], tok: Tokenizer, max_len: int) -> tuple[list[RowTokens], int]:
+    """(the rows that fit in ``max_len`` tokens, rendered; how many did not)."""
+    out, long = [], 0
+    for r in rows:
+        prompt, completion = decision_prompt_ids(tok, r.prompt), completion_ids(tok, r.completion)
+        if len(prompt) + len(completion) > max_len:
+            long += 1
+            continue
+        out.append(RowTokens(prompt, completion, float(r.weight)))
+    return out, long
+
+
+_PHASES = {"sft": 11, "dpo": 12}  # the per-epoch permutations' streams (jobs.build.step_rng uses 1-3)
+
+
+def epoch_batch(n: int, batch_size: int, step: int, seed: int, phase: str) -> np.ndarray:
+    """The row indices of update ``step``: passes over a fresh permutation of the ``n`` rows per
+    epoch (a stream of (seed, phase, epoch)), ``batch_size`` at a time, the epoch's last batch
+    filled from its start (every batch has one shape: one compiled update)."""
+    per_epoch = -(-n // batch_size)
+    epoch, j = divmod(step, per_epoch)
+    order = np.random.default_rng([seed, _PHASES[phase], epoch]).permutation(n)
+    return order[(j * batch_size + np.arange(batch_size)) % n]
+
+
+def _export(run: OfflineRun, params) -> list[str]:
+    out = run.run_dir / "hf"
+    save_pretrained(out, run.qcfg, jax.device_get(params))
+    src = tokenizer_path(run.cfg.tokenizer)
+    if src.is_dir():
+        for f in src.iterdir():
+            if f.is_file() and not (out / f.name).exists() and f.name != "README.md":
+                shutil.copy2(f, out / f.name)
+    return ["hf"]
+
+
+# ----------------------------------------------------------------------------- job=sft on rows
+def run_sft_rows(cfg: RunConfig) -> dict[str, Any]:
+    """``job=sft`` with ``sft.data`` (module docstring)."""
+    from jaxagent.train.checkpoint import Checkpointer
+
+    t0 = time.perf_counter()
+    s = cfg.sft
+    try:
+        rows = labels.read_sft_rows(s.data)
+    except (OSError, ValueError) as e:
+        raise configlib.ConfigError(f"sft.data={s.data!r}: {e}") from None
+    run = prepare_offline(cfg)
+    data, long = sft_row_tokens(rows, run.tok, s.max_len)
+    if not data:
+        raise configlib.ConfigError(f"sft.data={s.data!r}: none of its {len(rows)} rows fits in sft.max_len={s.max_len} "
+                                    "tokens; expected rows (or a larger sft.max_len)")
+    batch = min(s.batch_size, len(data))
+    if batch % s.microbatches:
+        raise configlib.ConfigError(f"sft.microbatches={s.microbatches}: the {len(data)} rows make batches of {batch}; "
+                                    "expected a divisor of it")
+    steps = math.ceil(s.epochs * len(data) / batch) if s.epochs is not None else s.steps
+    optim = sft_optim(dataclasses.replace(cfg, sft=dataclasses.replace(
+        s, steps=steps, warmup_steps=math.ceil(s.warmup_ratio * steps) if s.warmup_ratio is not None else s.warmup_steps)))
+    tx = make_optimizer(optim)
+    state = place_on_mesh(TrainState.create(run.params, tx), run.rules.mesh)
+    ckpt = Checkpointer(run.run_dir / "checkpoints" / "sft", keep=cfg.checkpoint.keep,
+                        async_save=cfg.checkpoint.async_save)
+    restored, start = _resume(run, ckpt, "sft", jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state), "next_step", steps, "sft.steps")
+    state = state if restored is None else restored
+    shardings = StepShardings.of(state, batch_sharding(run.rules, shape=(batch, 1)))
+    update = make_update(weighted_sft_loss_fn(run.qcfg), tx, microbatches=s.microbatches, agg="token_mean",
+                         lr_schedule=learning_rate(optim), shardings=shardings)
+    run.log.start("sft", steps, start, desc="sft (rows)")
+    last: dict[str, float] = {}
+    for i in range(start, steps):
+        idx = epoch_batch(len(data), batch, i, cfg.seed, "sft")
+        state, m = update(state, shardings.put_batch(row_batch(data, idx)))
+        if i % 10 == 0 or i == steps - 1:
+            last = {k: float(v) for k, v in jax.device_get(m).items()}
+            run.log.log("sft", i, last, show=("loss", "nll", "grad_norm"))
+            _check_skipped(run, ckpt, "sft", state, s.max_skipped_share, "sft.max_skipped_share", final=i == steps - 1)
+        if cfg.checkpoint.every and (i + 1) % cfg.checkpoint.every == 0 and i + 1 < steps:
+            ckpt.save(i + 1, state, {"next_step": i + 1})
+    run.log.end("sft")
+    if steps and start < steps:
+        ckpt.save(steps, state, {"next_step": steps}, force=True)
+    ckpt.wait()
+    ckpt.close()
+    exported = _export(run, state.params) if cfg.checkpoint.export_hf else []
+    kinds: dict[str, int] = {}
+    for r in rows:
+        kinds[r.kind] = kinds.get(r.kind, 0) + 1
+    summary = {"name": cfg.name, "job": "sft", "data": s.data, "rows": len(rows), "rows_by_kind": kinds,
+               "rows_trained": len(data), "rows_too_long": long, "max_len": s.max_len, "steps": steps,
+               "epochs": steps * batch / len(data), "batch_size": batch, "microbatches": s.microbatches,
+               "final": last, "exported": exported, "wall_seconds": time.perf_counter() - t0}
+    run.log.close()
+    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if cfg.progress:
+        print(f"sft on {len(data)} rows ({long} too long), {steps} steps: loss {last.get('loss', float('nan')):.4f}",
+              file=sys.stderr, flush=True)
+    return summary
+
+
+__all__ = ["OfflineRun", "epoch_batch", "prepare_offline", "run_sft_rows", "sft_row_tokens"]

@@ -1,0 +1,109 @@
+"""Q&D training on exported rows: the weighted completion-only SFT loss by hand, the rows'
+tokens as the local questioner samples them, the epoch order, and ``job=sft`` on ``sft.data``
+end to end (from ``job=qd_label``'s files to a loadable checkpoint)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxagent.credit.losses import sft_loss
+from jaxagent.jobs.offline import epoch_batch
+from jaxagent.launch import main
+from jaxagent.models import init_params, preset
+from jaxagent.qd.agents import completion_ids, decision_prompt_ids
+from jaxagent.qd.synthetic import write_suite
+from jaxagent.text.chat import ChatRenderer
+from jaxagent.text.tokenizer import load_tokenizer
+from jaxagent.train.rows import RowTokens, row_batch, weighted_sft_loss_fn
+from jaxagent.train.step import sequence_scores
+from tests.conftest import FIXTURES
+
+CFG = preset("tiny-qwen2", vocab_size=64)
+
+
+def _rows():
+    return [RowTokens([1, 2, 3], [4, 5], 1.0), RowTokens([1, 2], [6, 7, 8], 2.0), RowTokens([3], [9], 0.5)]
+
+
+def test_row_batch_masks_the_completion_only():
+    b = row_batch(_rows(), [0, 1, 2], multiple=8)
+    assert b["tokens"].shape == (3, 8) and b["loss_mask"].shape == (3, 8)
+    assert b["tokens"][1, :5].tolist() == [1, 2, 6, 7, 8]
+    assert b["loss_mask"][0].tolist() == [False] * 3 + [True] * 2 + [False] * 3
+    assert b["loss_mask"][2].tolist() == [False, True] + [False] * 6
+    np.testing.assert_array_equal(b["weight"], np.repeat([[1.0], [2.0], [0.5]], 8, axis=1))
+
+
+def test_the_weighted_loss_by_hand_and_equal_weights_are_sft_loss():
+    params = init_params(jax.random.key(0), CFG)
+    b = row_batch(_rows(), [0, 1, 2], multiple=8)
+    loss, m = weighted_sft_loss_fn(CFG)(params, b)
+    logp = np.asarray(sequence_scores(params, jnp.asarray(b["tokens"]), config=CFG))
+    num = den = 0.0
+    for i, w in enumerate([1.0, 2.0, 0.5]):
+        sel = b["loss_mask"][i].astype(bool)
+        num += w * float(-logp[i][sel].sum())
+        den += w * int(sel.sum())
+    assert float(loss) == pytest.approx(num / den, rel=1e-6) and float(m["num_tokens"]) == pytest.approx(den)
+    ones = dict(b, weight=np.ones((3, 8), np.float32))
+    l1, _ = weighted_sft_loss_fn(CFG)(params, ones)
+    ref, _ = sft_loss(jnp.asarray(logp), b["loss_mask"], agg="token_mean")
+    assert float(l1) == pytest.approx(float(ref), rel=1e-6)
+
+
+def test_epoch_batches_pass_over_every_row_once_per_epoch():
+    n, bs = 10, 4
+    per_epoch = 3
+    for epoch in range(2):
+        seen = np.concatenate([epoch_batch(n, bs, epoch * per_epoch + j, 0, "sft") for j in range(per_epoch)])
+        assert set(seen.tolist()) == set(range(n)) and len(seen) == 12  # the last batch filled from the start
+    assert not np.array_equal(epoch_batch(n, bs, 0, 0, "sft"), epoch_batch(n, bs, 3, 0, "sft"))  # reshuffled
+    np.testing.assert_array_equal(epoch_batch(n, bs, 4, 0, "sft"), epoch_batch(n, bs, 4, 0, "sft"))
+
+
+def test_row_tokens_are_what_the_questioner_conditions_on_and_generates():
+    tok = load_tokenizer(FIXTURES / "tokenizer_qwen")
+    prompt = decision_prompt_ids(tok, "Task: who founded Quux?")
+    chat = ChatRenderer(tok, thinking="disabled")
+    chat.add({"role": "user", "content": "Task: who founded Quux?"})
+    assert prompt == chat.start_generation()
+    target = '{"action": "STOP"}'
+    ids = completion_ids(tok, target)
+    assert ids[-1] in chat.stop_token_ids and tok.decode(ids[:-1]) == target
+    # appended as a generation, the completion closes the assistant turn the template's way
+    span = chat.append_generated(ids)
+    assert list(chat.finish().tokens[span.start:span.end][-len(ids):]) == ids
+    full = chat.render_text([{"role": "user", "content": "Task: who founded Quux?"},
+                             {"role": "assistant", "content": target}])
+    assert full.startswith(tok.decode(prompt + ids))  # the template's own text of the turn, to its end token
+
+
+def test_job_sft_on_qd_rows_end_to_end(tmp_path):
+    suite = write_suite(tmp_path / "syn.json", 6, depth=2, breadth=1, pool=8, seed=3)
+    lab = ["job=qd_label", "progress=false", f"runs_dir={tmp_path}", "name=lab", "qd.benchmark=synthetic",
+           f"qd.file={suite}", "qd.tasks=4", "qd.seeds=1", "qd.forks=2", "qd.questioner=scripted"]
+    assert main(lab) == 0
+    data = tmp_path / "lab" / "decisions.jsonl"
+    n_rows = len(data.read_text().splitlines())
+    args = ["job=sft", "progress=false", f"runs_dir={tmp_path}", "name=warm", f"sft.data={data}",
+            f"tokenizer={FIXTURES / 'tokenizer_qwen'}", "model.preset=tiny-qwen2", "sft.batch_size=4",
+            "sft.microbatches=2", "sft.epochs=3", "sft.lr=3e-3", "sft.warmup_ratio=0.1", "sft.max_len=4096"]
+    assert main(args) == 0
+    s = json.loads((tmp_path / "warm" / "summary.json").read_text())
+    assert s["rows"] == n_rows == s["rows_trained"] + s["rows_too_long"] and s["rows_too_long"] == 0
+    assert s["steps"] == -(-3 * n_rows // 4) and s["exported"] == ["hf"]
+    recs = [json.loads(x) for x in (tmp_path / "warm" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in recs if r.get("phase") == "sft" and "loss" in r]
+    assert losses[-1] < 0.7 * losses[0]  # the rows are learnt
+    assert (tmp_path / "warm" / "hf" / "config.json").exists() and (tmp_path / "warm" / "hf" / "tokenizer.json").exists()
+    # too long: every row left out is a setting error, not an empty run
+    with pytest.raises(SystemExit, match="sft.max_len=16"):
+        main([*args[:3], "name=short", *args[4:-1], "sft.max_len=16"])
+
+
+def test_sft_data_outside_job_sft_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="sft.data=.*expected job=sft"):
+        main(["job=sft+rl", "progress=false", f"runs_dir={tmp_path}", "sft.data=x.jsonl"])
