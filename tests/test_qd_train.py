@@ -107,3 +107,60 @@ def test_job_sft_on_qd_rows_end_to_end(tmp_path):
 def test_sft_data_outside_job_sft_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="sft.data=.*expected job=sft"):
         main(["job=sft+rl", "progress=false", f"runs_dir={tmp_path}", "sft.data=x.jsonl"])
+
+
+# ----------------------------------------------------------------------------- job=dpo
+def _pairs_file(path):
+    from jaxagent.qd.labels import Candidate, Pair, canonical_target, write_jsonl
+
+    ask = lambda q: canonical_target(Candidate(index=1, seed=1, action="ask", question=q, rationale="r"))  # noqa: E731
+    stop = canonical_target(Candidate(index=2, seed=2, action="stop"))
+    pairs = []
+    for i in range(6):
+        prompt = f"Task {i}: who leads Quux {i}?"
+        pairs.append(Pair(f"s/t{i}/seed0/t0", "synthetic", f"t{i}", "ask_ask", "gain", prompt,
+                          ask(f"Who leads Quux {i}?"), ask("What is known?"), 0.1, 1, 3))
+        pairs.append(Pair(f"s/t{i}/seed0/t1", "synthetic", f"t{i}", "synth_done", "stop_done", prompt + " (done)",
+                          stop, ask(f"Who leads Quux {i}?"), 0.1, -1, 1))
+        pairs.append(Pair(f"s/t{i}/seed0/t2", "synthetic", f"t{i}", "synth_not_done", "stop_contrast", prompt,
+                          ask(f"Where is Quux {i}?"), stop, 0.1, 1, -1))
+    write_jsonl(path, pairs)
+    return path
+
+
+DPO = ["job=dpo", "progress=false", f"tokenizer={FIXTURES / 'tokenizer_qwen'}", "model.preset=tiny-qwen2",
+       "dpo.batch_size=2", "dpo.lr=3e-3", "dpo.warmup_ratio=0", "dpo.beta=0.5"]
+
+
+def test_job_dpo_learns_the_stage_pairs_and_resumes_against_the_same_reference(tmp_path):
+    data = _pairs_file(tmp_path / "pairs.jsonl")
+    args = [*DPO, f"runs_dir={tmp_path}", "name=d2", f"dpo.data={data}", "dpo.stage=2", "dpo.epochs=6",
+            "checkpoint.every=6"]
+    assert main(args) == 0
+    s = json.loads((tmp_path / "d2" / "summary.json").read_text())
+    assert s["pairs_in_file"] == 18 and s["pairs_of_stage"] == s["pairs_trained"] == 6
+    assert s["pairs_by_kind"] == {"ask_ask/gain": 6} and s["steps"] == 18
+    assert s["first"]["reward_margin"] == pytest.approx(0.0, abs=1e-6)  # the policy starts as its reference
+    assert s["final"]["reward_accuracy"] == 1.0 and s["final"]["reward_margin"] > 0.5
+    ref = np.load(tmp_path / "d2" / "checkpoints" / "dpo_reference.npy")
+    assert ref.shape == (6, 2) and (tmp_path / "d2" / "hf" / "config.json").exists()
+    # a resume with more epochs continues from the last checkpoint against the saved reference
+    assert main([*args[:-2], "dpo.epochs=7", "checkpoint.every=6", "resume=true", "resume_overrides=[dpo.epochs]"]) == 0
+    s2 = json.loads((tmp_path / "d2" / "summary.json").read_text())
+    recs = [json.loads(x) for x in (tmp_path / "d2" / "metrics.jsonl").read_text().splitlines()]
+    assert s2["steps"] == 21 and any(r.get("phase") == "resume" and r.get("checkpoint") == 18 for r in recs)
+    np.testing.assert_array_equal(np.load(tmp_path / "d2" / "checkpoints" / "dpo_reference.npy"), ref)
+    # stage 3: ask_ask + the stop contrasts, every stop_done pair left out
+    assert main([*DPO, f"runs_dir={tmp_path}", "name=d3", f"dpo.data={data}", "dpo.stage=3", "dpo.epochs=1"]) == 0
+    s3 = json.loads((tmp_path / "d3" / "summary.json").read_text())
+    assert s3["pairs_by_kind"] == {"ask_ask/gain": 6, "synth_not_done/stop_contrast": 6}
+
+
+def test_job_dpo_refuses_missing_or_empty_pairs(tmp_path):
+    with pytest.raises(SystemExit, match="dpo.data=None"):
+        main([*DPO, f"runs_dir={tmp_path}"])
+    with pytest.raises(SystemExit, match="dpo.data=.*expected"):
+        main([*DPO, f"runs_dir={tmp_path}", "name=x", f"dpo.data={tmp_path / 'missing.jsonl'}"])
+    data = _pairs_file(tmp_path / "pairs.jsonl")
+    with pytest.raises(SystemExit, match="dpo.max_len=8"):
+        main([*DPO, f"runs_dir={tmp_path}", "name=y", f"dpo.data={data}", "dpo.max_len=8"])

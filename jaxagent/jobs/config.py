@@ -222,6 +222,34 @@ class SFTSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class DPOSection:
+    """``job=dpo``: preference pairs (job=qd_label's pairs.jsonl) against the frozen initial policy."""
+
+    data: str | None = _help(None, "the pairs (JSONL of jaxagent.qd.labels.Pair: job=qd_label's pairs.jsonl)")
+    stage: Literal[2, 3] = _help(
+        2, "the Q&D stage's pairs: 2 = ask_ask pairs only; 3 = ask_ask + ask_stop + synthesised stop contrasts, "
+           "every pair decided by stop_done left out")
+    beta: float = 0.1
+    loss_type: Literal["sigmoid", "ipo"] = "sigmoid"
+    label_smoothing: float = 0.0
+    lr: float = _help(5e-6, "AdamW's peak rate (constant after the warmup; clipped at global norm 1)")
+    epochs: int = 1
+    batch_size: int = _help(16, "pairs per update")
+    microbatches: int = _help(1, "gradient accumulation: dpo.batch_size pairs in this many parts")
+    warmup_ratio: float = 0.03
+    max_len: int = _help(5120, "pairs whose prompt + completion is longer are left out, counted")
+
+    def __post_init__(self) -> None:
+        from jaxagent.train.dpo import DPOSettings
+
+        DPOSettings(**self.settings_kwargs())  # checks every field, naming dpo.<field>
+
+    def settings_kwargs(self) -> dict:
+        return {f: getattr(self, f) for f in ("beta", "loss_type", "label_smoothing", "lr", "epochs", "batch_size",
+                                              "microbatches", "warmup_ratio", "max_len")}
+
+
+@dataclasses.dataclass(frozen=True)
 class EvalSection:
     k: int = _help(1, "runs per task (avg@k)")
     tasks: int = _help(32, "held-out (test split) tasks")
@@ -365,6 +393,7 @@ class RunConfig:
     grpo: GRPOConfig = _field(default_factory=lambda: GRPOConfig(negative_weight=0.0))
     optim: OptimSettings = _field(default_factory=lambda: OptimSettings(lr=3e-4, warmup_steps=0, clip_norm=1.0))
     sft: SFTSection = _field(default_factory=SFTSection)
+    dpo: DPOSection = _field(default_factory=DPOSection)
     eval: EvalSection = _field(default_factory=lambda: EvalSection(tasks=64, every=0))
     checkpoint: CheckpointSection = _field(default_factory=CheckpointSection)
     qd: QDSection = _field(default_factory=QDSection)
@@ -401,6 +430,9 @@ class RunConfig:
             raise ValueError("tokenizer='builtin:gyms': the gyms' closed vocabulary cannot spell tau2 retail text; "
                              "expected a tokenizer directory (e.g. the checkpoint's, as model.path)")
         check_timeout(self)
+        if self.job == "dpo" and self.dpo.data is None:
+            raise ValueError("dpo.data=None: job=dpo trains on preference pairs; expected a pairs file (job=qd_label's "
+                             "pairs.jsonl)")
         if self.sft.data is not None and self.job != "sft":
             raise ValueError(f"sft.data={self.sft.data!r}: rows train in job=sft (got job={self.job!r}); expected "
                              "job=sft, or sft.data=null")

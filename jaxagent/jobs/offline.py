@@ -122,7 +122,10 @@ def run_sft_rows(cfg: RunConfig) -> dict[str, Any]:
     s = cfg.sft
     try:
         rows = labels.read_sft_rows(s.data)
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        raise configlib.ConfigError(f"sft.data={s.data!r}: {e.strerror or e}; expected a readable rows file "
+                                    "(job=qd_label's sft.jsonl or decisions.jsonl)") from None
+    except ValueError as e:
         raise configlib.ConfigError(f"sft.data={s.data!r}: {e}") from None
     run = prepare_offline(cfg)
     data, long = sft_row_tokens(rows, run.tok, s.max_len)
@@ -178,4 +181,105 @@ def run_sft_rows(cfg: RunConfig) -> dict[str, Any]:
     return summary
 
 
-__all__ = ["OfflineRun", "epoch_batch", "prepare_offline", "run_sft_rows", "sft_row_tokens"]
+# ----------------------------------------------------------------------------- job=dpo
+def pair_tokens(pairs: list[labels.Pair], tok: Tokenizer, max_len: int):
+    """(the pairs that fit in ``max_len`` tokens, as `PairTokens`; how many did not)."""
+    from jaxagent.train.dpo import PairTokens
+
+    out, long = [], 0
+    for p in pairs:
+        prompt = decision_prompt_ids(tok, p.prompt)
+        chosen, rejected = completion_ids(tok, p.chosen), completion_ids(tok, p.rejected)
+        if len(prompt) + max(len(chosen), len(rejected)) > max_len:
+            long += 1
+            continue
+        out.append(PairTokens(prompt, chosen, rejected))
+    return out, long
+
+
+def run_dpo(cfg: RunConfig) -> dict[str, Any]:
+    """``job=dpo`` (module docstring): the stage's pairs of ``dpo.data``, the reference = the
+    initial policy (its log-probs computed once, saved beside the checkpoints, so a resumed run
+    scores against the same reference)."""
+    from jaxagent.train.checkpoint import Checkpointer
+    from jaxagent.train.dpo import DPOSettings, dpo_optim, dpo_steps, reference_logps, train_dpo
+
+    t0 = time.perf_counter()
+    d = cfg.dpo
+    try:
+        every = labels.read_pairs(d.data)
+    except OSError as e:
+        raise configlib.ConfigError(f"dpo.data={d.data!r}: {e.strerror or e}; expected a readable pairs file "
+                                    "(job=qd_label's pairs.jsonl)") from None
+    except ValueError as e:
+        raise configlib.ConfigError(f"dpo.data={d.data!r}: {e}") from None
+    chosen = labels.stage_pairs(every, d.stage)
+    settings = DPOSettings(**d.settings_kwargs(), seed=cfg.seed)
+    run = prepare_offline(cfg)
+    data, long = pair_tokens(chosen, run.tok, d.max_len)
+    if not data:
+        raise configlib.ConfigError(
+            f"dpo.data={d.data!r}: no pair to train on ({len(every)} pairs, {len(chosen)} of stage dpo.stage={d.stage}, "
+            f"{long} longer than dpo.max_len={d.max_len}); expected pairs of the stage")
+    total = dpo_steps(len(data), settings)
+    optim = dpo_optim(settings, total)
+    tx = make_optimizer(optim)
+    state = place_on_mesh(TrainState.create(run.params, tx), run.rules.mesh)
+    shardings = StepShardings.of(state, batch_sharding(run.rules, shape=(settings.batch_size, 1)))
+    ref_path = run.run_dir / "checkpoints" / "dpo_reference.npy"
+    ckpt = Checkpointer(run.run_dir / "checkpoints" / "dpo", keep=cfg.checkpoint.keep,
+                        async_save=cfg.checkpoint.async_save)
+    restored, start = _resume(run, ckpt, "dpo", jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state), "next_step", total, "dpo.epochs")
+    if restored is not None:
+        state = restored
+        ref = np.load(ref_path)
+    else:  # the reference: the initial policy, scored once (before any update)
+        ref = reference_logps(run.params, run.qcfg, data, settings.batch_size, sharding=shardings.batch)
+        ref_path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(ref_path, ref)
+    run.log.start("dpo", total, start, desc=f"dpo (stage {d.stage})")
+    last: dict[str, float] = {}
+
+    def log(i: int, m: dict[str, float]) -> None:
+        nonlocal last
+        last = m
+        if i % 10 == 0 or i == total - 1:
+            run.log.log("dpo", i, m, show=("loss", "reward_accuracy", "reward_margin"))
+
+    live = {"state": state}
+
+    def on_step(done: int, st) -> None:
+        live["state"] = st
+        if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < total:
+            ckpt.save(done, st, {"next_step": done})
+        if done % 10 == 1 or done == total:
+            _check_skipped(run, ckpt, "dpo", st, 0.5, "dpo (skipped updates)", final=done == total)
+
+    params, history = train_dpo(run.params, run.qcfg, data, settings, tx=tx, log=log, shardings=shardings,
+                                state=state, start_step=start, ref_logps=ref, on_step=on_step)
+    run.log.end("dpo")
+    if total and start < total:
+        ckpt.save(total, live["state"], {"next_step": total}, force=True)
+    ckpt.wait()
+    ckpt.close()
+    exported = _export(run, params) if cfg.checkpoint.export_hf else []
+    kinds: dict[str, int] = {}
+    for p in chosen:
+        kinds[f"{p.kind}/{p.decided_by}"] = kinds.get(f"{p.kind}/{p.decided_by}", 0) + 1
+    first = history[0] if history else {}
+    summary = {"name": cfg.name, "job": "dpo", "data": d.data, "stage": d.stage, "pairs_in_file": len(every),
+               "pairs_of_stage": len(chosen), "pairs_by_kind": kinds, "pairs_trained": len(data),
+               "pairs_too_long": long, "steps": total, "beta": d.beta, "lr": d.lr,
+               "first": {k: first.get(k) for k in ("loss", "reward_accuracy", "reward_margin")},
+               "final": last, "exported": exported, "wall_seconds": time.perf_counter() - t0}
+    run.log.close()
+    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if cfg.progress:
+        print(f"dpo stage {d.stage} on {len(data)} pairs ({long} too long), {total} steps: reward accuracy "
+              f"{last.get('reward_accuracy', float('nan')):.3f}, margin {last.get('reward_margin', float('nan')):.4f}",
+              file=sys.stderr, flush=True)
+    return summary
+
+
+__all__ = ["OfflineRun", "epoch_batch", "pair_tokens", "prepare_offline", "run_dpo", "run_sft_rows", "sft_row_tokens"]

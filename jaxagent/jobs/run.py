@@ -56,6 +56,10 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
         from jaxagent.jobs.offline import run_sft_rows
 
         return run_sft_rows(cfg)
+    if cfg.job == "dpo":  # preference pairs exported by job=qd_label
+        from jaxagent.jobs.offline import run_dpo
+
+        return run_dpo(cfg)
     if cfg.job == "qd_label":  # forks labelled by their consequences
         from jaxagent.jobs.qd_label import run_qd_label
 
