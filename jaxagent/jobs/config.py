@@ -311,6 +311,9 @@ class QDSection:
     baseline: Literal["none", "scripted", "never_ask", "policy", "endpoint"] = _help(
         "none", "a second arm on the same tasks and seeds, compared with the first (paired, BCa); none: one arm")
     baseline_endpoint: LLMUserConfig | None = None
+    baseline_model: str | None = _help(
+        None, "baseline=policy: the baseline's HF checkpoint (e.g. the model before Q&D training; null: model.*, "
+              "the treatment's own)")
     drafter: Literal["extractive", "endpoint"] = _help(
         "extractive", "extractive: the offline stand-in (no model, labelled in every report); endpoint: "
                       "qd.drafter_endpoint")
@@ -353,6 +356,9 @@ class QDSection:
         if self.benchmark == "synthetic" and self.file is None:
             raise ValueError("benchmark='synthetic': expected qd.file (python -m jaxagent.qd.synthetic OUT.json "
                              "writes one)")
+        if self.baseline_model is not None and self.baseline != "policy":
+            raise ValueError(f"baseline_model={self.baseline_model!r}: a checkpoint for baseline=policy (got baseline="
+                             f"{self.baseline!r}); expected qd.baseline=policy or baseline_model=null")
         if self.baseline == self.questioner and self.baseline not in ("endpoint", "policy"):
             raise ValueError(f"baseline={self.baseline!r}: the same arm as qd.questioner; expected another arm or none")
 

@@ -59,6 +59,21 @@ class _Model:
         r = cfg.rollout
         self.engine = GenerationEngine(params, self.qcfg, slots=r.slots, capacity=r.capacity,
                                        decode_steps=r.decode_steps, vocab_limit=self.tok.vocab_size)
+        self.name = f"local:{cfg.model.path}" if cfg.model.path else f"local:{cfg.model.preset} (random init)"
+
+
+def _arm_models(cfg: RunConfig, arms) -> dict[str, _Model]:
+    """The local policy of each arm that plays one: ``model.*`` for the treatment, and for a
+    policy baseline the checkpoint ``qd.baseline_model`` (default: the treatment's own model)."""
+    out: dict[str, _Model] = {}
+    for arm, kind, _ in arms:
+        if kind != "policy":
+            continue
+        if arm == "baseline" and cfg.qd.baseline_model is not None:
+            out[arm] = _Model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=cfg.qd.baseline_model)))
+        else:
+            out[arm] = out.get("treatment") or _Model(cfg)
+    return out
 
 
 def _questioner(cfg: RunConfig, kind: str, endpoint, model: _Model | None, clients: list):
@@ -75,8 +90,7 @@ def _questioner(cfg: RunConfig, kind: str, endpoint, model: _Model | None, clien
 
     sampling = SamplingParams(temperature=cfg.qd.temperature, max_new_tokens=cfg.qd.max_new_tokens,
                               stop_tokens=tuple(model.tok.eos_token_ids))
-    name = f"local:{cfg.model.path}" if cfg.model.path else f"local:{cfg.model.preset} (random init)"
-    return agents.PolicyQuestioner(model.engine, model.tok, sampling, name=name)
+    return agents.PolicyQuestioner(model.engine, model.tok, sampling, name=model.name)
 
 
 def _role(kind: str, endpoint, offline, online, clients: list):
@@ -113,8 +127,9 @@ def run_qd_eval(cfg: RunConfig) -> dict[str, Any]:
     arms = [("treatment", q.questioner, q.questioner_endpoint)]
     if q.baseline != "none":
         arms.append(("baseline", q.baseline, q.baseline_endpoint))
-    model = _Model(cfg) if any(kind == "policy" for _, kind, _ in arms) else None
-    count = (lambda s: len(model.tok.encode(s))) if model is not None else None
+    models = _arm_models(cfg, arms)
+    tok = next(iter(models.values())).tok if models else None
+    count = (lambda s: len(tok.encode(s))) if tok is not None else None  # question tokens, one tokenizer
     clients: list = []
     drafter = _role(q.drafter, q.drafter_endpoint, agents.ExtractiveDrafter, agents.EndpointDrafter, clients)
     answerer = _role(q.answerer, q.answerer_endpoint, agents.ExtractiveAnswerer, agents.EndpointAnswerer, clients)
@@ -128,7 +143,7 @@ def run_qd_eval(cfg: RunConfig) -> dict[str, Any]:
     all_runs: dict[str, list[QDRun]] = {}
     try:
         for arm, kind, endpoint in arms:
-            questioner = _questioner(cfg, kind, endpoint, model, clients)
+            questioner = _questioner(cfg, kind, endpoint, models.get(arm), clients)
             runs = _play(cfg, arm, questioner, tasks, drafter, answerer, seeds, loop_cfg, count)
             write_runs(runs, run_dir / f"runs_{arm}.jsonl")
             failed = [r for r in runs if r.failed]
