@@ -150,3 +150,30 @@ def test_the_asymmetric_equal_spend_reads_the_treatment_at_its_own_end(musique):
     arm = arm_summary(treat, graphs, tasks=tasks)
     assert arm["breadth_components"] >= arm["breadth"] > 0  # musique: at most one facet, components >= 1
     assert 0 <= arm["breadth_components_singleton_share"] <= 1
+
+
+def test_a_second_local_policy_as_the_baseline(tmp_path):
+    # two checkpoints of one architecture (different random weights): each arm plays its own
+    import shutil
+
+    import jax
+
+    from jaxagent.models import init_params, preset, save_pretrained
+
+    cfg = preset("tiny-qwen2", vocab_size=1024, max_position_embeddings=4096)
+    paths = []
+    for seed in (0, 1):
+        p = tmp_path / f"ckpt{seed}"
+        save_pretrained(p, cfg, init_params(jax.random.key(seed), cfg))
+        for f in (FIXTURES / "tokenizer_qwen").iterdir():
+            shutil.copy2(f, p / f.name)
+        paths.append(p)
+    run, s = _run(tmp_path, "two", "qd.tasks=2", "qd.seeds=1", "qd.questioner=policy", "qd.baseline=policy",
+                  f"model.path={paths[0]}", f"qd.baseline_model={paths[1]}", f"tokenizer={paths[0]}",
+                  "qd.max_new_tokens=16", "rollout.capacity=4096", "rollout.max_tokens=4096", "rollout.slots=2")
+    assert s["arms"]["treatment"]["questioner"] == f"local:{paths[0]}"
+    assert s["arms"]["baseline"]["questioner"] == f"local:{paths[1]}"
+    raws = [[r.final_raw for r in read_runs(run / f"runs_{a}.jsonl")] for a in ("treatment", "baseline")]
+    assert raws[0] != raws[1]  # other weights, other replies
+    with pytest.raises(SystemExit, match="baseline_model=.*expected qd.baseline=policy"):
+        main([*BASE, f"runs_dir={tmp_path}", "name=bad", f"qd.baseline_model={paths[1]}"])
