@@ -1,8 +1,19 @@
-"""Pure-functional Qwen2/2.5/3 models: config, parameters, forward, log-probs, HF interop, sharding."""
+"""Pure-functional Qwen2/2.5/3 models: config, parameters, forward, log-probs, LoRA, HF / PEFT interop, sharding."""
 
 from jaxagent.models.attention import attention, attention_structure, attention_xla
-from jaxagent.models.config import ConfigError, DTypePolicy, QwenConfig, RopeScaling, preset, preset_names
+from jaxagent.models.config import (
+    LORA_TARGETS,
+    ConfigError,
+    DTypePolicy,
+    LoraSpec,
+    QwenConfig,
+    RopeScaling,
+    preset,
+    preset_names,
+)
 from jaxagent.models.hf import CheckpointError, load_pretrained, save_pretrained
+from jaxagent.models.lora import init_lora, merge_lora, num_lora_params
+from jaxagent.models.lora_hf import load_peft_adapter, save_peft_adapter
 from jaxagent.models.qwen import (
     Params,
     forward,
@@ -17,10 +28,12 @@ from jaxagent.models.qwen import (
 from jaxagent.models.sharding import LogicalRules, MeshConfig, make_mesh, param_shardings, shard_params
 
 __all__ = [
+    "LORA_TARGETS",
     "CheckpointError",
     "ConfigError",
     "DTypePolicy",
     "LogicalRules",
+    "LoraSpec",
     "MeshConfig",
     "Params",
     "QwenConfig",
@@ -30,16 +43,21 @@ __all__ = [
     "attention_xla",
     "forward",
     "hidden_states",
+    "init_lora",
     "init_params",
+    "load_peft_adapter",
     "load_pretrained",
     "logprobs_from_hidden",
     "make_mesh",
+    "merge_lora",
     "next_token_targets",
+    "num_lora_params",
     "param_logical_axes",
     "param_shapes",
     "param_shardings",
     "preset",
     "preset_names",
+    "save_peft_adapter",
     "save_pretrained",
     "shard_params",
     "token_logprobs",

@@ -77,6 +77,57 @@ class DTypePolicy:
         return _DTYPES[self.compute_dtype]
 
 
+#: The projections a LoRA adapter may target, in canonical order, with their Hugging Face module names.
+LORA_TARGETS: dict[str, str] = {
+    "q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
+    "gate": "gate_proj", "up": "up_proj", "down": "down_proj",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """A LoRA adapter's hyper-parameters (static under jit; hashable): ``y = x W + (alpha / rank)
+    * dropout(x) A B`` on each projection in ``targets`` (a subset of `LORA_TARGETS`' keys, kept in
+    canonical order; a list is accepted). ``dropout`` is applied to the adapter's input only and
+    only when a dropout key is given (training). The adapter's arrays live at ``params["lora"]``
+    (`jaxagent.models.lora`)."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = tuple(LORA_TARGETS)
+
+    def __post_init__(self):
+        _require(
+            isinstance(self.rank, (int, np.integer)) and not isinstance(self.rank, bool) and self.rank > 0,
+            "lora.rank", self.rank, "a positive integer",
+        )
+        _require(
+            isinstance(self.alpha, (int, float, np.number)) and not isinstance(self.alpha, bool)
+            and math.isfinite(self.alpha) and self.alpha > 0,
+            "lora.alpha", self.alpha, "a finite number > 0",
+        )
+        _require(
+            isinstance(self.dropout, (int, float, np.number)) and not isinstance(self.dropout, bool)
+            and 0 <= self.dropout < 1,
+            "lora.dropout", self.dropout, "a number in [0, 1)",
+        )
+        targets = (self.targets,) if isinstance(self.targets, str) else tuple(self.targets)
+        unknown = [t for t in targets if t not in LORA_TARGETS]
+        _require(not unknown and len(targets) > 0, "lora.targets", list(targets),
+                 f"a non-empty subset of {list(LORA_TARGETS)}")
+        _require(len(set(targets)) == len(targets), "lora.targets", list(targets), "no repeated projection")
+        object.__setattr__(self, "rank", int(self.rank))
+        object.__setattr__(self, "alpha", float(self.alpha))
+        object.__setattr__(self, "dropout", float(self.dropout))
+        object.__setattr__(self, "targets", tuple(t for t in LORA_TARGETS if t in targets))
+
+    @property
+    def scale(self) -> float:
+        """``alpha / rank``, the factor on ``x A B`` (PEFT's ``scaling`` without rsLoRA)."""
+        return self.alpha / self.rank
+
+
 @dataclasses.dataclass(frozen=True)
 class QwenConfig:
     """Hyper-parameters of a Qwen2/2.5/3 dense decoder (static under jit; hashable).
@@ -106,6 +157,8 @@ class QwenConfig:
     eos_token_id: int | tuple[int, ...] | None = None
     dtype: DTypePolicy = DTypePolicy()
     remat: RematPolicy = "none"
+    # A LoRA adapter at params["lora"] (None: none). Not part of the HF config.json (`to_hf_dict`).
+    lora: LoraSpec | None = None
 
     def __post_init__(self):
         _require(self.family in ("qwen2", "qwen3"), "family", self.family, "'qwen2' or 'qwen3'")
@@ -136,6 +189,7 @@ class QwenConfig:
         _require(self.rope_theta > 0, "rope_theta", self.rope_theta, "a positive number")
         _require(self.rms_norm_eps > 0, "rms_norm_eps", self.rms_norm_eps, "a positive number")
         _require(self.remat in ("none", "full", "dots"), "remat", self.remat, "'none', 'full' or 'dots'")
+        _require(self.lora is None or isinstance(self.lora, LoraSpec), "lora", self.lora, "a LoraSpec or None")
         rs = self.rope_scaling
         _require(
             rs.rope_type in ("default", "linear", "yarn"),
@@ -155,7 +209,8 @@ class QwenConfig:
         return dataclasses.replace(self, **changes)
 
     def num_params(self) -> int:
-        """Number of parameters (tied embeddings counted once)."""
+        """Number of parameters of the base model (tied embeddings counted once; a LoRA adapter's:
+        `jaxagent.models.lora.num_lora_params`)."""
         D, N, K, H, F, V, Ly = (
             self.hidden_size,
             self.num_attention_heads,

@@ -29,6 +29,7 @@ import numpy as np
 
 from jaxagent.models.attention import attention_xla
 from jaxagent.models.config import QwenConfig
+from jaxagent.models.lora import layer_inputs
 from jaxagent.models.qwen import (
     Params,
     attention_inputs,
@@ -108,6 +109,9 @@ def extend(
     ``window`` (static, <= capacity) limits attention to the first ``window`` cache positions,
     so a step costs what the rows hold rather than what the cache could hold. The caller
     guarantees ``lengths[b] + n_new[b] <= window`` for every row whose logits it uses.
+
+    With ``config.lora`` the adapter at ``params["lora"]`` is applied in every layer (no dropout:
+    decoding is evaluation); `jaxagent.models.lora.merge_lora` first makes each step cheaper.
     """
     B, T = tokens_BT.shape
     S = cache.capacity
@@ -145,7 +149,7 @@ def extend(
 
     layers = jnp.arange(config.num_hidden_layers, dtype=jnp.int32)
     (x, k_all, v_all), _ = jax.lax.scan(
-        body, (x, cache.k, cache.v), (params["layers"], layers), unroll=scan_unroll
+        body, (x, cache.k, cache.v), (layer_inputs(params, config), layers), unroll=scan_unroll
     )
     last = jnp.clip(n_new_B - 1, 0, T - 1)
     h_last = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]  # [B, D]

@@ -222,7 +222,9 @@ def load_pretrained(
     """Loads a local HF Qwen2/2.5/3 checkpoint directory.
 
     Returns ``(config, params)`` with params in ``dtype.param_dtype`` (default: the checkpoint's
-    dtype for both storage and compute). With ``rules`` each parameter is created with its
+    dtype for both storage and compute). A ``lora=LoraSpec(...)`` override gives a config with
+    that spec but params of the base only: add the adapter with `jaxagent.models.lora.init_lora`
+    or `jaxagent.models.lora_hf.load_peft_adapter`. With ``rules`` each parameter is created with its
     sharding (`param_shardings`) and each device reads only its own slice of the file.
     Raises `ConfigError` / `CheckpointError` naming the offending file, tensor and shape.
     """
@@ -331,6 +333,11 @@ def save_pretrained(
     In multi-host runs every process must call this (parameters are gathered); process 0 writes.
     """
     path = Path(path)
+    if config.lora is not None:
+        raise CheckpointError(
+            f"config.lora={config.lora}: expected None; an HF checkpoint holds a plain model: fold the adapter "
+            "in first (jaxagent.models.lora.merge_lora) or write it as a PEFT adapter "
+            "(jaxagent.models.lora_hf.save_peft_adapter)")
     shapes = param_shapes(config)
     for leaf in _leaves(config):
         got = tuple(_get(params, leaf.path).shape)
@@ -364,9 +371,7 @@ def save_pretrained(
         shards[-1][name] = arr
         size += arr.nbytes
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
+    def fill(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
         if len(shards) == 1:
             save_file(shards[0], str(tmp / SAFE_SINGLE), metadata={"format": "pt"})
@@ -380,6 +385,19 @@ def save_pretrained(
             (tmp / SAFE_INDEX).write_text(
                 json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
             )
+
+    return write_directory_atomically(path, fill)
+
+
+def write_directory_atomically(path: str | os.PathLike, fill) -> Path:
+    """Creates directory ``path`` by ``fill(tmp)`` writing into a temporary sibling that is then
+    renamed into place (replacing an existing ``path``): readers see the old directory, or the new
+    one, never a partial one; a failed ``fill`` leaves the old directory untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        fill(tmp)
         old = None
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")

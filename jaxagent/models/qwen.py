@@ -12,6 +12,7 @@ Parameters are a plain dict pytree with the decoder layers stacked on a leading 
     layers/o     [Ly, N, H, D]     layers/o_bias [Ly, D]        (o_bias)
     layers/q_norm [Ly, H]          layers/k_norm [Ly, H]        (qk_norm, Qwen3)
     layers/gate  [Ly, D, F]        layers/up [Ly, D, F]         layers/down [Ly, F, D]
+    lora/layers/<target>/a, b      a LoRA adapter (``config.lora``; `jaxagent.models.lora`)
 
 Everything here is pure: no I/O, no global state, jit-able with ``config`` static.
 """
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 
 from jaxagent.models.attention import AttnImpl, attention
 from jaxagent.models.config import QwenConfig, rope_inv_freq
+from jaxagent.models.lora import init_lora, layer_dropout_keys, layer_inputs, lora_delta, lora_logical_axes, lora_shapes
 from jaxagent.models.sharding import LogicalRules, constrain
 
 Params = dict[str, Any]
@@ -33,7 +35,15 @@ Params = dict[str, Any]
 
 # ---------------------------------------------------------------------------- parameters
 def param_logical_axes(config: QwenConfig) -> Params:
-    """Logical axis names for every parameter, a pytree with the structure of `init_params`."""
+    """Logical axis names for every parameter, a pytree with the structure of `init_params` (with
+    ``config.lora``, the adapter's under ``"lora"``: `jaxagent.models.lora.lora_logical_axes`)."""
+    axes = _base_logical_axes(config)
+    if config.lora is not None:
+        axes["lora"] = lora_logical_axes(config)
+    return axes
+
+
+def _base_logical_axes(config: QwenConfig) -> Params:
     layers = {
         "attn_norm": ("layers", "norm"),
         "mlp_norm": ("layers", "norm"),
@@ -63,6 +73,13 @@ def param_logical_axes(config: QwenConfig) -> Params:
 
 def param_shapes(config: QwenConfig) -> Params:
     """Shape of every parameter, a pytree with the structure of `init_params`."""
+    shapes = _base_shapes(config)
+    if config.lora is not None:
+        shapes["lora"] = lora_shapes(config)
+    return shapes
+
+
+def _base_shapes(config: QwenConfig) -> Params:
     D, N, K, H, F, V, Ly = (
         config.hidden_size,
         config.num_attention_heads,
@@ -75,15 +92,17 @@ def param_shapes(config: QwenConfig) -> Params:
     sizes = {"layers": Ly, "embed": D, "norm": D, "q_heads": N, "kv_heads": K, "head_dim": H, "mlp": F, "vocab": V}
     return jax.tree.map(
         lambda axes: tuple(sizes[a] for a in axes),
-        param_logical_axes(config),
+        _base_logical_axes(config),
         is_leaf=lambda x: isinstance(x, tuple),
     )
 
 
 def init_params(key: jax.Array, config: QwenConfig) -> Params:
     """Random parameters as transformers initialises them: matrices and embeddings
-    ~ N(0, initializer_range), norms 1, biases 0; stored in ``config.dtype.param``."""
-    shapes = param_shapes(config)
+    ~ N(0, initializer_range), norms 1, biases 0; stored in ``config.dtype.param``. With
+    ``config.lora``, also a fresh adapter (`jaxagent.models.lora.init_lora`, float32, B = 0) at
+    ``"lora"``; the base is the same as without it."""
+    shapes = _base_shapes(config)
     leaves, treedef = jax.tree.flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
         shapes, is_leaf=lambda x: isinstance(x, tuple))[0]]
@@ -97,7 +116,10 @@ def init_params(key: jax.Array, config: QwenConfig) -> Params:
             out.append(jnp.zeros(shape, dtype))
         else:
             out.append((config.initializer_range * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
-    return jax.tree.unflatten(treedef, out)
+    params = jax.tree.unflatten(treedef, out)
+    if config.lora is not None:
+        params["lora"] = init_lora(jax.random.fold_in(key, 0x10A), config)
+    return params
 
 
 # ---------------------------------------------------------------------------- building blocks
@@ -125,6 +147,12 @@ def apply_rope(x_BLnH: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array) -> jax
     return x_BLnH * cos_BLH[:, :, None, :] + rotated * sin_BLH[:, :, None, :]
 
 
+def _lora_add(y, x, lp: Params, target: str, config: QwenConfig, dropout_key):
+    """``y`` plus the adapter's update of ``target`` on input ``x`` (``y`` when there is none)."""
+    delta = lora_delta(x, lp, target, config=config, dropout_key=dropout_key)
+    return y if delta is None else y + delta
+
+
 def attention_inputs(
     x_BLD: jax.Array,
     lp: Params,
@@ -133,15 +161,17 @@ def attention_inputs(
     *,
     config: QwenConfig,
     rules: LogicalRules | None = None,
+    dropout_key: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One layer's pre-attention half: RMSNorm, q/k/v projections (+bias), q/k norm (Qwen3) and
+    """One layer's pre-attention half: RMSNorm, q/k/v projections (+bias, + a LoRA update when
+    ``lp["lora"]`` holds one, its dropout drawn from ``dropout_key``), q/k norm (Qwen3) and
     RoPE. Returns q [B, L, N, H], k and v [B, L, K, H] in the dtype of ``x``."""
     dt = x_BLD.dtype
     eps = config.rms_norm_eps
     h = rms_norm(x_BLD, lp["attn_norm"], eps)
-    q = jnp.einsum("bld,dnh->blnh", h, lp["q"].astype(dt))
-    k = jnp.einsum("bld,dkh->blkh", h, lp["k"].astype(dt))
-    v = jnp.einsum("bld,dkh->blkh", h, lp["v"].astype(dt))
+    q = _lora_add(jnp.einsum("bld,dnh->blnh", h, lp["q"].astype(dt)), h, lp, "q", config, dropout_key)
+    k = _lora_add(jnp.einsum("bld,dkh->blkh", h, lp["k"].astype(dt)), h, lp, "k", config, dropout_key)
+    v = _lora_add(jnp.einsum("bld,dkh->blkh", h, lp["v"].astype(dt)), h, lp, "v", config, dropout_key)
     if config.qkv_bias:
         q = q + lp["q_bias"].astype(dt)
         k = k + lp["k_bias"].astype(dt)
@@ -162,19 +192,24 @@ def attention_output_and_mlp(
     *,
     config: QwenConfig,
     rules: LogicalRules | None = None,
+    dropout_key: jax.Array | None = None,
 ) -> jax.Array:
     """One layer's post-attention half: output projection, residual, RMSNorm, SwiGLU MLP,
-    residual. Returns the new residual stream [B, L, D]."""
+    residual (each projection with its LoRA update when ``lp["lora"]`` holds one). Returns the new
+    residual stream [B, L, D]."""
     dt = x_BLD.dtype
-    out = jnp.einsum("blnh,nhd->bld", attn_BLNH, lp["o"].astype(dt))
+    out = _lora_add(jnp.einsum("blnh,nhd->bld", attn_BLNH, lp["o"].astype(dt)), attn_BLNH, lp, "o", config,
+                    dropout_key)
     if config.o_bias:
         out = out + lp["o_bias"].astype(dt)
     x_BLD = constrain(x_BLD + out, ("batch", "seq", "act_embed"), rules)
     h = rms_norm(x_BLD, lp["mlp_norm"], config.rms_norm_eps)
-    g = jnp.einsum("bld,df->blf", h, lp["gate"].astype(dt))
-    u = jnp.einsum("bld,df->blf", h, lp["up"].astype(dt))
+    g = _lora_add(jnp.einsum("bld,df->blf", h, lp["gate"].astype(dt)), h, lp, "gate", config, dropout_key)
+    u = _lora_add(jnp.einsum("bld,df->blf", h, lp["up"].astype(dt)), h, lp, "up", config, dropout_key)
     hidden = constrain(jax.nn.silu(g) * u, ("batch", "seq", "act_mlp"), rules)
-    x_BLD = x_BLD + jnp.einsum("blf,fd->bld", hidden, lp["down"].astype(dt))
+    down = _lora_add(jnp.einsum("blf,fd->bld", hidden, lp["down"].astype(dt)), hidden, lp, "down", config,
+                     dropout_key)
+    x_BLD = x_BLD + down
     return constrain(x_BLD, ("batch", "seq", "act_embed"), rules)
 
 
@@ -185,13 +220,14 @@ def _decoder_layer(
     sin_BLH: jax.Array,
     segment_ids_BL: jax.Array | None,
     mask_BLS: jax.Array | None,
+    dropout_key: jax.Array | None,
     *,
     config: QwenConfig,
     causal: bool,
     attn_impl: AttnImpl,
     rules: LogicalRules | None,
 ) -> jax.Array:
-    q, k, v = attention_inputs(x_BLD, lp, cos_BLH, sin_BLH, config=config, rules=rules)
+    q, k, v = attention_inputs(x_BLD, lp, cos_BLH, sin_BLH, config=config, rules=rules, dropout_key=dropout_key)
     a = attention(
         q,
         k,
@@ -202,7 +238,7 @@ def _decoder_layer(
         mask_BLS=mask_BLS,
         impl=attn_impl,
     )
-    return attention_output_and_mlp(x_BLD, a, lp, config=config, rules=rules)
+    return attention_output_and_mlp(x_BLD, a, lp, config=config, rules=rules, dropout_key=dropout_key)
 
 
 def _check_inputs(tokens_BL, config: QwenConfig, positions_BL, segment_ids_BL, mask_BLS):
@@ -247,13 +283,18 @@ def hidden_states(
     causal: bool = True,
     attn_impl: AttnImpl = "xla",
     rules: LogicalRules | None = None,
+    dropout_key: jax.Array | None = None,
 ) -> jax.Array:
     """Final-norm hidden states [B, L, D] in the compute dtype.
 
     ``positions_BL`` default to 0..L-1 per row; see `jaxagent.models.attention` for the
     attention structure (``causal``, ``segment_ids_BL`` with 0 = padding, ``mask_BLS``).
+    With ``config.lora`` the adapter at ``params["lora"]`` is applied inside every layer;
+    ``dropout_key`` (training) draws its dropout (None: no dropout, evaluation).
     """
     _check_inputs(tokens_BL, config, positions_BL, segment_ids_BL, mask_BLS)
+    xs = layer_inputs(params, config)
+    keys = layer_dropout_keys(dropout_key, config)
     B, L = tokens_BL.shape
     dt = config.dtype.compute
     if positions_BL is None:
@@ -269,10 +310,11 @@ def hidden_states(
     elif config.remat == "dots":
         layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
-    def body(carry, lp):
-        return layer(carry, lp, cos, sin, segment_ids_BL, mask_BLS), None
+    def body(carry, lp_key):
+        lp, key = lp_key
+        return layer(carry, lp, cos, sin, segment_ids_BL, mask_BLS, key), None
 
-    x, _ = jax.lax.scan(body, x, params["layers"])
+    x, _ = jax.lax.scan(body, x, (xs, keys))
     return rms_norm(x, params["final_norm"], config.rms_norm_eps)
 
 
@@ -292,6 +334,7 @@ def forward(
     causal: bool = True,
     attn_impl: AttnImpl = "xla",
     rules: LogicalRules | None = None,
+    dropout_key: jax.Array | None = None,
 ) -> jax.Array:
     """Logits [B, L, V] in the compute dtype (accumulated in float32).
 
@@ -308,6 +351,7 @@ def forward(
         causal=causal,
         attn_impl=attn_impl,
         rules=rules,
+        dropout_key=dropout_key,
     )
     w = unembed_matrix(params, config).astype(h.dtype)
     logits = jnp.einsum("bld,dv->blv", h, w, preferred_element_type=jnp.float32).astype(h.dtype)
@@ -419,6 +463,7 @@ def token_logprobs(
     row_chunk: int | None = None,
     temperature: float = 1.0,
     vocab_limit: int | None = None,
+    dropout_key: jax.Array | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Teacher-forced log-probs [B, L] float32: entry t is log pi(targets[t] | what query t sees).
     ``temperature`` and ``vocab_limit``: the policy as a sampler at that temperature with that
@@ -432,13 +477,17 @@ def token_logprobs(
     float32 scores exist for that many rows only. Per-row results are the same computation (equal
     up to float32 rounding); on a CPU, where attention over long rows is memory-bound, scoring 8
     rows at a time instead of 40 was 1.8x faster (docs/BENCHMARKS.md, RL step).
+
+    ``dropout_key``: the LoRA adapter's dropout (`hidden_states`); with ``row_chunk`` each chunk
+    draws from its own key (``fold_in(dropout_key, the chunk's first row)``).
     """
     if row_chunk is not None and 0 < row_chunk < tokens_BL.shape[0]:
-        one = functools.partial(token_logprobs, params, config=config, causal=causal, attn_impl=attn_impl,
+        one = functools.partial(_token_logprobs_chunk, params, config=config, causal=causal, attn_impl=attn_impl,
                                 rules=rules, chunk_size=chunk_size, return_entropy=return_entropy,
-                                temperature=temperature, vocab_limit=vocab_limit)
+                                temperature=temperature, vocab_limit=vocab_limit, chunk_dropout_key=dropout_key)
+        row_ids = None if dropout_key is None else jnp.arange(tokens_BL.shape[0], dtype=jnp.int32)
         return map_row_chunks(one, row_chunk, tokens_BL, targets_BL=targets_BL, positions_BL=positions_BL,
-                              segment_ids_BL=segment_ids_BL, mask_BLS=mask_BLS)
+                              segment_ids_BL=segment_ids_BL, mask_BLS=mask_BLS, row_ids=row_ids)
     h = hidden_states(
         params,
         tokens_BL,
@@ -449,6 +498,7 @@ def token_logprobs(
         causal=causal,
         attn_impl=attn_impl,
         rules=rules,
+        dropout_key=dropout_key,
     )
     if targets_BL is None:
         targets_BL = next_token_targets(tokens_BL)
@@ -458,3 +508,9 @@ def token_logprobs(
         h, unembed_matrix(params, config), targets_BL, chunk_size=chunk_size, return_entropy=return_entropy,
         temperature=temperature, vocab_limit=vocab_limit,
     )
+
+
+def _token_logprobs_chunk(params, tokens_BL, *, chunk_dropout_key=None, row_ids=None, **kwargs):
+    """`token_logprobs` of one row chunk; its dropout key is ``fold_in(chunk_dropout_key, first row id)``."""
+    key = None if chunk_dropout_key is None else jax.random.fold_in(chunk_dropout_key, row_ids[0])
+    return token_logprobs(params, tokens_BL, dropout_key=key, **kwargs)

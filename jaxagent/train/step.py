@@ -6,15 +6,21 @@ B = M * b.
 - `make_optimizer(OptimSettings)`: an optax chain (global-norm clipping, AdamW or SGD) with a
   linear warmup then a constant or cosine schedule.
 - `TrainState`: params, optimizer state, ``step`` (updates applied) and ``skipped`` (updates
-  refused because the loss or a gradient was not finite: the state is left as it was).
-  `check_skipped_share` raises `TrainingFailed` when too many were refused.
+  refused because the loss or a gradient was not finite: the state is left as it was), and
+  ``frozen``: parameters that are not trained (None: all are). ``TrainState.create(params, tx,
+  trainable=("lora",))`` trains only the LoRA adapter: ``params`` is ``{"lora": adapter}``, the
+  optimizer state is the adapter's, ``frozen`` the base; `TrainState.model_params` is the whole
+  model. `check_skipped_share` raises `TrainingFailed` when too many were refused.
 - `make_update(loss_fn, tx, microbatches=M, shardings=...)`: ``update(state, batch) -> (state,
   metrics)``, one `jax.jit` with the state donated and, with `StepShardings`, its input and output
   shardings declared (the state keeps its layout across updates; the batch is split over the
   mesh's batch axes; the metrics come back replicated). The batch (a dict of ``[B, ...]`` arrays) is split into M
   microbatches scanned in sequence; their gradients are combined with the weights the loss's
   aggregation implies (token counts for a token mean, sequence counts for a sequence mean), so
-  the accumulated update equals the full-batch update.
+  the accumulated update equals the full-batch update. Only ``state.params`` is differentiated;
+  the loss sees the whole model (``{**frozen, **params}``), the frozen part flowing through the jit
+  as an argument with the rest of the state. With ``dropout_seed``, each microbatch's batch holds
+  a ``dropout_key`` (the LoRA dropout's; `sft_loss_fn` / `ppo_loss_fn` pass it to the forward).
 - `sft_loss_fn` and `ppo_loss_fn`: the per-microbatch losses of the SFT and RL jobs.
 - `sequence_scores`: teacher-forced log-probs aligned to the tokens they score (entry t scores
   token t; entry 0 is 0), optionally with the policy entropy at each position.
@@ -24,13 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import optax
-from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxagent.credit.losses import PPOConfig, policy_loss, sft_loss
@@ -96,16 +101,79 @@ def make_optimizer(cfg: OptimSettings) -> optax.GradientTransformation:
 
 
 # ----------------------------------------------------------------------------- state
-@struct.dataclass
+def split_trainable(params: dict, trainable: Sequence[str] = ("lora",)) -> tuple[dict, dict]:
+    """``(trained, frozen)``: the top-level entries of ``params`` named in ``trainable`` and the
+    rest (``("lora",)``: the LoRA adapter trained, the base frozen). `combine_params` undoes it."""
+    if isinstance(trainable, str):
+        trainable = (trainable,)
+    if not isinstance(params, dict):
+        raise TypeError(f"params: {type(params).__name__}, expected a dict of parameters to split by key")
+    missing = [k for k in trainable if k not in params]
+    if missing or not trainable:
+        raise ValueError(f"trainable={list(trainable)}: expected a non-empty list of keys of params "
+                         f"{sorted(params)} (missing: {missing})")
+    return ({k: v for k, v in params.items() if k in trainable},
+            {k: v for k, v in params.items() if k not in trainable})
+
+
+def combine_params(params: Any, frozen: Any) -> Any:
+    """The whole model from the trained ``params`` and the ``frozen`` rest (``params`` when frozen is None)."""
+    if frozen is None:
+        return params
+    both = sorted(set(params) & set(frozen))
+    if both:
+        raise ValueError(f"params and frozen both hold {both}: expected disjoint keys (split_trainable)")
+    return {**frozen, **params}
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainState:
-    params: Any
-    opt_state: Any
+    """What an update changes (a pytree). ``frozen`` is a child only when it is not None, so a state
+    without frozen parameters has exactly the tree (and the checkpoint layout) it had before the
+    field existed: older checkpoints restore into it unchanged."""
+
+    params: Any  # what is trained (with ``frozen``: only that part of the model, e.g. {"lora": adapter})
+    opt_state: Any  # the optimizer's state of ``params``
     step: jax.Array  # int32 []: updates applied
     skipped: jax.Array  # int32 []: updates refused (non-finite loss or gradients)
+    frozen: Any = None  # parameters the update does not change (None: every parameter is trained)
+
+    def replace(self, **changes) -> "TrainState":
+        return dataclasses.replace(self, **changes)
 
     @classmethod
-    def create(cls, params, tx: optax.GradientTransformation) -> "TrainState":
-        return cls(params, tx.init(params), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    def create(cls, params, tx: optax.GradientTransformation, *,
+               trainable: Sequence[str] | None = None) -> "TrainState":
+        """A fresh state. ``trainable`` (top-level keys of ``params``, e.g. ``("lora",)``): train
+        only those, holding the rest in ``frozen`` (no optimizer state for it); None: train all."""
+        zeros = lambda: jnp.zeros((), jnp.int32)  # noqa: E731 (two buffers: the state is donated)
+        if trainable is None:
+            return cls(params, tx.init(params), zeros(), zeros())
+        trained, frozen = split_trainable(params, trainable)
+        return cls(trained, tx.init(trained), zeros(), zeros(), frozen)
+
+    @property
+    def model_params(self) -> Any:
+        """The whole model's parameters (trained and frozen), what forward / generation take."""
+        return combine_params(self.params, self.frozen)
+
+
+_STATE_FIELDS = ("params", "opt_state", "step", "skipped")
+
+
+def _state_flatten(state: TrainState):
+    names = _STATE_FIELDS + (("frozen",) if state.frozen is not None else ())
+    return [(jax.tree_util.GetAttrKey(n), getattr(state, n)) for n in names], state.frozen is not None
+
+
+def _state_unflatten(has_frozen: bool, children) -> TrainState:
+    children = list(children)
+    return TrainState(*children[:4], frozen=children[4] if has_frozen else None)
+
+
+jax.tree_util.register_pytree_with_keys(
+    TrainState, _state_flatten, _state_unflatten,
+    flatten_func=lambda s: ([c for _, c in _state_flatten(s)[0]], s.frozen is not None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,13 +253,16 @@ def _all_finite(tree) -> jax.Array:
 # ----------------------------------------------------------------------------- scoring
 def sequence_scores(params, tokens_BL: jax.Array, *, config: QwenConfig, entropy: bool = False,
                     attn_impl: str = "xla", row_chunk: int | None = None, temperature: float = 1.0,
-                    vocab_limit: int | None = None) -> jax.Array | tuple[jax.Array, jax.Array]:
+                    vocab_limit: int | None = None, dropout_key: jax.Array | None = None,
+                    ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Teacher-forced log-probs [B, L] with entry t scoring token t (entry 0 is 0), and with
     ``entropy`` the policy's entropy at the position that predicts token t (entry 0 is 0).
     ``row_chunk``: rows scored at a time (see `token_logprobs`). ``temperature`` / ``vocab_limit``:
-    scored under the distribution a sampler with those settings draws from (the RL trainer's sampler)."""
+    scored under the distribution a sampler with those settings draws from (the RL trainer's sampler).
+    ``dropout_key``: the LoRA adapter's dropout (None: none)."""
     out = token_logprobs(params, tokens_BL, config=config, attn_impl=attn_impl, return_entropy=entropy,
-                         row_chunk=row_chunk, temperature=temperature, vocab_limit=vocab_limit)
+                         row_chunk=row_chunk, temperature=temperature, vocab_limit=vocab_limit,
+                         dropout_key=dropout_key)
     lp, ent = out if entropy else (out, None)
     shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
     return (shift(lp), shift(ent)) if entropy else shift(lp)
@@ -202,10 +273,11 @@ LossFn = Callable[[Any, Batch], tuple[jax.Array, Metrics]]
 
 
 def sft_loss_fn(config: QwenConfig, agg: str = "token_mean") -> LossFn:
-    """Masked cross-entropy; the batch holds ``tokens`` [B, L] int32 and ``loss_mask`` [B, L]."""
+    """Masked cross-entropy; the batch holds ``tokens`` [B, L] int32 and ``loss_mask`` [B, L] (and
+    optionally ``dropout_key``, `make_update`'s ``dropout_seed``)."""
 
     def loss_fn(params, batch):
-        logp = sequence_scores(params, batch["tokens"], config=config)
+        logp = sequence_scores(params, batch["tokens"], config=config, dropout_key=batch.get("dropout_key"))
         return sft_loss(logp, batch["loss_mask"], agg=agg)
 
     return loss_fn
@@ -216,14 +288,16 @@ def ppo_loss_fn(config: QwenConfig, ppo: PPOConfig, *, temperature: float = 1.0,
     """The clipped policy loss; the batch holds ``tokens``, ``loss_mask``, ``advantages``,
     ``old_logp`` and (with a KL term) ``ref_logp``, all [B, L] aligned to the tokens. The policy
     is scored at the sampler's ``temperature`` / ``vocab_limit`` (the distribution that drew the
-    tokens, as ``old_logp`` and ``ref_logp`` must be), and its entropy is that distribution's."""
+    tokens, as ``old_logp`` and ``ref_logp`` must be), and its entropy is that distribution's. A
+    ``dropout_key`` in the batch (`make_update`'s ``dropout_seed``) drives the LoRA dropout."""
     view = {"temperature": temperature, "vocab_limit": vocab_limit}
 
     def loss_fn(params, batch):
+        kw = dict(view, dropout_key=batch.get("dropout_key"))
         if ppo.entropy_coef > 0:
-            logp, ent = sequence_scores(params, batch["tokens"], config=config, entropy=True, **view)
+            logp, ent = sequence_scores(params, batch["tokens"], config=config, entropy=True, **kw)
         else:
-            logp, ent = sequence_scores(params, batch["tokens"], config=config, **view), None
+            logp, ent = sequence_scores(params, batch["tokens"], config=config, **kw), None
         return policy_loss(logp, batch["old_logp"], batch["advantages"], batch["loss_mask"], config=ppo,
                            ref_logp_BL=batch.get("ref_logp"), entropy_BL=ent)
 
@@ -244,7 +318,7 @@ _SUMMED = ("num_tokens", "num_seqs")
 
 def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatches: int = 1,
                 agg: str = "token_mean", lr_schedule: optax.Schedule | None = None,
-                shardings: StepShardings | None = None,
+                shardings: StepShardings | None = None, dropout_seed: int | None = None,
                 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """One jitted update: ``update(state, batch) -> (state, metrics)`` (state donated). With
     ``shardings``, the jit declares them: the state in and out on ``shardings.state``, every batch
@@ -257,10 +331,17 @@ def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatch
     noise and near 1 when it is signal; the gradient's signal-to-noise), ``lr`` (with
     ``lr_schedule``: the rate this update used), ``finite`` (1 when the update was applied), ``skipped``
     (1 when it was refused: ``1 - finite``) and ``skipped_total`` (updates refused so far, ``state.skipped``).
+
+    With ``state.frozen`` (`TrainState.create(..., trainable=...)`) only ``state.params`` is
+    differentiated and updated; ``loss_fn`` is called on `combine_params` of both, and the frozen
+    part is returned as it came (an argument of the jit, never a constant baked into the program).
+    ``dropout_seed``: microbatch m of the update attempted with counters (step, skipped) gets
+    ``batch["dropout_key"] = fold_in(fold_in(key(dropout_seed), step + skipped), m)`` (a resumed run
+    draws the same masks); None: no key (no dropout).
     """
     if microbatches < 1:
         raise ValueError(f"microbatches={microbatches}: expected >= 1")
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    grad_fn = jax.value_and_grad(lambda params, frozen, mb: loss_fn(combine_params(params, frozen), mb), has_aux=True)
 
     def update(state: TrainState, batch: Batch):
         B = jax.tree.leaves(batch)[0].shape[0]
@@ -268,10 +349,15 @@ def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatch
             raise ValueError(f"batch size {B} is not divisible by microbatches={microbatches}")
         split = jax.tree.map(lambda x: x.reshape(microbatches, B // microbatches, *x.shape[1:]), batch)
 
+        if dropout_seed is not None:
+            attempt_key = jax.random.fold_in(jax.random.key(dropout_seed), state.step + state.skipped)
+
         def one(carry, xs):
             grads_acc, wsum, odd_acc = carry
             i, mb = xs
-            (loss, metrics), grads = grad_fn(state.params, mb)
+            if dropout_seed is not None:
+                mb = {**mb, "dropout_key": jax.random.fold_in(attempt_key, i)}
+            (loss, metrics), grads = grad_fn(state.params, state.frozen, mb)
             w = microbatch_weight(metrics, agg).astype(jnp.float32)
             grads_acc = jax.tree.map(lambda a, g: a + w * g.astype(jnp.float32), grads_acc, grads)
             if odd_acc is not None:  # the odd microbatches' share, for the halves' cosine
@@ -304,6 +390,7 @@ def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatch
             opt_state=keep(opt_state, state.opt_state),
             step=state.step + finite.astype(jnp.int32),
             skipped=state.skipped + (~finite).astype(jnp.int32),
+            frozen=state.frozen,
         )
         if halves:  # gradient signal-to-noise: cosine of the even and the odd microbatches' gradients
             geven = jax.tree.map(lambda a, b: a - b, gsum, godd)
@@ -322,5 +409,5 @@ def make_update(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatch
 
 
 __all__ = ["SKIP_CHECK_MIN_UPDATES", "OptimSettings", "StepShardings", "TrainState", "TrainingFailed", "check_skipped_share",
-           "learning_rate", "make_optimizer", "make_update", "microbatch_weight", "place_on_mesh",
-           "ppo_loss_fn", "sequence_scores", "sft_loss_fn"]
+           "combine_params", "learning_rate", "make_optimizer", "make_update", "microbatch_weight", "place_on_mesh",
+           "ppo_loss_fn", "sequence_scores", "sft_loss_fn", "split_trainable"]
