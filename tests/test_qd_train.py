@@ -164,3 +164,34 @@ def test_job_dpo_refuses_missing_or_empty_pairs(tmp_path):
     data = _pairs_file(tmp_path / "pairs.jsonl")
     with pytest.raises(SystemExit, match="dpo.max_len=8"):
         main([*DPO, f"runs_dir={tmp_path}", "name=y", f"dpo.data={data}", "dpo.max_len=8"])
+
+
+def test_lora_jobs_train_the_adapter_alone_and_export_it(tmp_path):
+    """model.lora.rank: job=dpo trains the adapter only (the base exported unchanged under it), writes
+    the PEFT adapter and the merged checkpoint, and the two agree."""
+    import jax
+
+    from jaxagent.models import load_pretrained, save_pretrained
+    from jaxagent.models.lora import merge_lora
+    from jaxagent.models.lora_hf import load_peft_adapter
+
+    base_dir = tmp_path / "base"
+    cfg = preset("tiny-qwen2", vocab_size=1024, max_position_embeddings=2048)
+    save_pretrained(base_dir, cfg, init_params(jax.random.key(5), cfg))
+    data = _pairs_file(tmp_path / "pairs.jsonl")
+    args = [*DPO, f"runs_dir={tmp_path}", "name=lora", f"dpo.data={data}", "dpo.epochs=4", f"model.path={base_dir}",
+            "model.lora.rank=4", "model.lora.alpha=8"]
+    args = [a for a in args if not a.startswith("model.preset")]
+    assert main(args) == 0
+    s = json.loads((tmp_path / "lora" / "summary.json").read_text())
+    assert s["exported"] == ["hf", "adapter"] and s["final"]["reward_margin"] > 0
+    c0, base = load_pretrained(base_dir)
+    c1, merged = load_pretrained(tmp_path / "lora" / "hf")
+    with_adapter, ca = load_peft_adapter(tmp_path / "lora" / "adapter", base, c0)
+    assert ca.lora.rank == 4 and ca.lora.alpha == 8
+    assert float(np.abs(np.asarray(with_adapter["lora"]["layers"]["q"]["b"])).max()) > 0  # trained
+    ours, _ = merge_lora(with_adapter, ca)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(merged)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    # the base is what the job started from: the embedding (never adapted) is bitwise the base's
+    np.testing.assert_array_equal(np.asarray(merged["embed"]), np.asarray(base["embed"]))

@@ -55,13 +55,26 @@ def model_config(cfg: RunConfig, vocab_size: int) -> QwenConfig:
 
 
 def build_model(cfg: RunConfig, tok: Tokenizer, rules: LogicalRules) -> tuple[QwenConfig, Any]:
+    """The policy: the checkpoint (or the preset's random weights) and, with ``model.lora.rank``, a
+    fresh LoRA adapter at ``params["lora"]`` (the config's ``lora`` set: jobs then train it alone)."""
     m = cfg.model
     if m.path is not None:
         if (Path(m.path) / "config.json").is_file():  # else load_pretrained names what is missing
             check_vocab(cfg, tok, model_config(cfg, tok.vocab_size))
-        return load_pretrained(m.path, dtype=DTypePolicy(m.param_dtype, m.dtype), rules=rules, remat=m.remat)
-    qcfg = model_config(cfg, tok.vocab_size)
-    return qcfg, init_params_sharded(jax.random.key(m.init_seed), qcfg, rules)
+        qcfg, params = load_pretrained(m.path, dtype=DTypePolicy(m.param_dtype, m.dtype), rules=rules, remat=m.remat)
+    else:
+        qcfg = model_config(cfg, tok.vocab_size)
+        params = init_params_sharded(jax.random.key(m.init_seed), qcfg, rules)
+    if m.lora.rank:
+        from jaxagent.models.lora import init_lora, lora_logical_axes
+
+        qcfg = dataclasses.replace(qcfg, lora=m.lora.spec())
+        adapter = init_lora(jax.random.key(m.lora.init_seed), qcfg)
+        axes = lora_logical_axes(qcfg)
+        shardings = jax.tree.map(lambda ax, x: rules.sharding(ax, x.shape), axes, adapter,
+                                 is_leaf=lambda x: isinstance(x, tuple))
+        params = {**params, "lora": jax.device_put(adapter, shardings)}
+    return qcfg, params
 
 
 def check_vocab(cfg: RunConfig, tok: Tokenizer, qcfg: QwenConfig) -> None:
@@ -180,3 +193,29 @@ def prepare(cfg: RunConfig) -> Run:
         record_config(cfg, run_dir)  # config.yaml, or on a resume config.resume-<n>.yaml
     processes.barrier("jaxagent-run-dir-ready")
     return Run(cfg, run_dir, tok, qcfg, params, rules, make_env, train_tasks, test_tasks, engine, log, processes)
+
+
+def write_export(run_dir: Path, cfg: RunConfig, qcfg: QwenConfig, host_params) -> list[str]:
+    """The policy as a plain HF checkpoint in ``hf/`` (with ``model.lora``: the adapter merged into
+    the base) plus the tokenizer's files, and with ``model.lora`` the adapter alone in ``adapter/``
+    (PEFT format: ``peft.PeftModel.from_pretrained`` loads it onto the base). Returns the folders."""
+    import shutil
+
+    from jaxagent.models import save_pretrained
+
+    out = ["hf"]
+    if qcfg.lora is not None:
+        from jaxagent.models.lora import merge_lora
+        from jaxagent.models.lora_hf import save_peft_adapter
+
+        save_peft_adapter(run_dir / "adapter", host_params, qcfg, base_model_name_or_path=cfg.model.path)
+        host_params, qcfg = merge_lora(host_params, qcfg)
+        out.append("adapter")
+    save_pretrained(run_dir / "hf", qcfg, host_params)
+    src = tokenizer_path(cfg.tokenizer)
+    if src.is_dir():
+        for f in src.iterdir():
+            if f.is_file() and not (run_dir / "hf" / f.name).exists() and f.name != "README.md":
+                shutil.copy2(f, run_dir / "hf" / f.name)
+    return out
+

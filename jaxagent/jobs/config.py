@@ -51,6 +51,27 @@ def _help(default, text: str):
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraSection:
+    """``model.lora``: a LoRA adapter trained beside the frozen base (jaxagent.models.lora)."""
+
+    rank: int = _help(0, "the adapter's rank (0: no adapter, every parameter trained)")
+    alpha: float = _help(16.0, "the scale is alpha / rank")
+    dropout: float = _help(0.0, "dropout on each adapted projection's input (training only)")
+    targets: tuple[str, ...] = _help(("q", "k", "v", "o", "gate", "up", "down"), "the adapted projections")
+    init_seed: int = _help(0, "the adapter's random A (B starts at 0: a fresh adapter changes nothing)")
+
+    def __post_init__(self) -> None:
+        _at_least("rank", self.rank, 0)
+        if self.rank:
+            self.spec()  # checks alpha, dropout and targets, naming lora.<field>
+
+    def spec(self):
+        from jaxagent.models.config import LoraSpec
+
+        return LoraSpec(rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=tuple(self.targets))
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSection:
     preset: str = _help("tiny-qwen2", "a preset name (see --help) used when path is null")
     path: str | None = _help(None, "a local Hugging Face checkpoint directory (Qwen2/2.5/3)")
@@ -67,6 +88,7 @@ class ModelSection:
     init_seed: int = 0
     initializer_range: float | None = _help(
         None, "std of the random initial weights (presets only; null: the preset's, 0.02 as transformers)")
+    lora: LoraSection = _field(default_factory=LoraSection)
 
     def __post_init__(self) -> None:
         from jaxagent.models import preset_names

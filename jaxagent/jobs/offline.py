@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,11 +28,11 @@ import jax
 import numpy as np
 
 from jaxagent import configlib
-from jaxagent.jobs.build import build_model, build_tokenizer, tokenizer_path
+from jaxagent.jobs.build import build_model, build_tokenizer, write_export
 from jaxagent.jobs.config import RunConfig
-from jaxagent.jobs.phases import _check_skipped, _resume, sft_optim
+from jaxagent.jobs.phases import _check_skipped, _resume, sft_optim, trainable
 from jaxagent.jobs.runlog import RunLog
-from jaxagent.models import LogicalRules, make_mesh, save_pretrained
+from jaxagent.models import LogicalRules, make_mesh
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.sharding import batch_sharding
 from jaxagent.qd import labels
@@ -103,14 +102,7 @@ def epoch_batch(n: int, batch_size: int, step: int, seed: int, phase: str) -> np
 
 
 def _export(run: OfflineRun, params) -> list[str]:
-    out = run.run_dir / "hf"
-    save_pretrained(out, run.qcfg, jax.device_get(params))
-    src = tokenizer_path(run.cfg.tokenizer)
-    if src.is_dir():
-        for f in src.iterdir():
-            if f.is_file() and not (out / f.name).exists() and f.name != "README.md":
-                shutil.copy2(f, out / f.name)
-    return ["hf"]
+    return write_export(run.run_dir, run.cfg, run.qcfg, jax.device_get(params))
 
 
 # ----------------------------------------------------------------------------- job=sft on rows
@@ -140,7 +132,7 @@ def run_sft_rows(cfg: RunConfig) -> dict[str, Any]:
     optim = sft_optim(dataclasses.replace(cfg, sft=dataclasses.replace(
         s, steps=steps, warmup_steps=math.ceil(s.warmup_ratio * steps) if s.warmup_ratio is not None else s.warmup_steps)))
     tx = make_optimizer(optim)
-    state = place_on_mesh(TrainState.create(run.params, tx), run.rules.mesh)
+    state = place_on_mesh(TrainState.create(run.params, tx, trainable=trainable(run.qcfg)), run.rules.mesh)
     ckpt = Checkpointer(run.run_dir / "checkpoints" / "sft", keep=cfg.checkpoint.keep,
                         async_save=cfg.checkpoint.async_save)
     restored, start = _resume(run, ckpt, "sft", jax.tree.map(
@@ -165,7 +157,7 @@ def run_sft_rows(cfg: RunConfig) -> dict[str, Any]:
         ckpt.save(steps, state, {"next_step": steps}, force=True)
     ckpt.wait()
     ckpt.close()
-    exported = _export(run, state.params) if cfg.checkpoint.export_hf else []
+    exported = _export(run, state.model_params) if cfg.checkpoint.export_hf else []
     kinds: dict[str, int] = {}
     for r in rows:
         kinds[r.kind] = kinds.get(r.kind, 0) + 1
@@ -224,7 +216,7 @@ def run_dpo(cfg: RunConfig) -> dict[str, Any]:
     total = dpo_steps(len(data), settings)
     optim = dpo_optim(settings, total)
     tx = make_optimizer(optim)
-    state = place_on_mesh(TrainState.create(run.params, tx), run.rules.mesh)
+    state = place_on_mesh(TrainState.create(run.params, tx, trainable=trainable(run.qcfg)), run.rules.mesh)
     shardings = StepShardings.of(state, batch_sharding(run.rules, shape=(settings.batch_size, 1)))
     ref_path = run.run_dir / "checkpoints" / "dpo_reference.npy"
     ckpt = Checkpointer(run.run_dir / "checkpoints" / "dpo", keep=cfg.checkpoint.keep,

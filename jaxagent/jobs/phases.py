@@ -69,7 +69,7 @@ def run_sft(run: Run, params):
     s = cfg.sft
     optim = sft_optim(cfg)
     tx = make_optimizer(optim)
-    state = place_on_mesh(TrainState.create(params, tx), run.rules.mesh)
+    state = place_on_mesh(TrainState.create(params, tx, trainable=trainable(run.qcfg)), run.rules.mesh)
     ckpt = Checkpointer(run.run_dir / "checkpoints" / "sft", keep=cfg.checkpoint.keep,
                         async_save=cfg.checkpoint.async_save)
     restored, start = _resume(run, ckpt, "sft", _abstract(state), "next_step", s.steps, "sft.steps")
@@ -94,7 +94,12 @@ def run_sft(run: Run, params):
         ckpt.save(s.steps, state, {"next_step": s.steps}, force=True)
     ckpt.wait()
     ckpt.close()
-    return state.params
+    return state.model_params
+
+
+def trainable(qcfg) -> tuple[str, ...] | None:
+    """What an update trains: the LoRA adapter alone with ``model.lora`` (the base frozen), else everything."""
+    return ("lora",) if qcfg.lora is not None else None
 
 
 def _abstract(tree):
@@ -151,7 +156,7 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
 
     cfg = run.cfg
     tx = make_optimizer(cfg.optim)
-    state = place_on_mesh(TrainState.create(params, tx), run.rules.mesh)
+    state = place_on_mesh(TrainState.create(params, tx, trainable=trainable(run.qcfg)), run.rules.mesh)
     minibatch = cfg.rl.minibatch_size or cfg.rl.group_size * cfg.rl.tasks_per_step
     trainer = RLTrainer(state, tx, config=run.qcfg, tokenizer=run.tok, make_env=run.make_env, settings=cfg.rl,
                         ppo=cfg.ppo, sampling=sampling_params(cfg, run.tok), episode=episode_config(cfg),
@@ -198,7 +203,7 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
                        final=i == cfg.steps - 1)
         done = i + 1
         if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.steps:
-            last_eval = run_eval(run, trainer.state.params, "during", done)
+            last_eval = run_eval(run, trainer.state.model_params, "during", done)
         if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < cfg.steps:
             ckpt.save(done, trainer.checkpoint_tree(), {"next_iter": done},
                       metrics={"eval/success": last_eval.get("success", 0.0)})
@@ -208,4 +213,4 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
                   metrics={"eval/success": last_eval.get("success", 0.0)}, force=True)
     ckpt.wait()
     ckpt.close()
-    return trainer.state.params, int(trainer.state.step)
+    return trainer.state.model_params, int(trainer.state.step)

@@ -37,6 +37,7 @@ import numpy as np
 
 from jaxagent import jobs
 from jaxagent.jobs.config import load_config
+from jaxagent.jobs.phases import trainable
 from jaxagent.train.rl import RLTrainer
 from jaxagent.train.step import TrainState, make_optimizer
 
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
     shutil.rmtree(Path(cfg.runs_dir) / cfg.name, ignore_errors=True)
     run = jobs.prepare(cfg)
     tx = make_optimizer(cfg.optim)
-    trainer = RLTrainer(TrainState.create(run.params, tx), tx, config=run.qcfg, tokenizer=run.tok,
+    trainer = RLTrainer(TrainState.create(run.params, tx, trainable=trainable(run.qcfg)), tx, config=run.qcfg, tokenizer=run.tok,
                         make_env=run.make_env, settings=cfg.rl, ppo=cfg.ppo,
                         sampling=jobs.sampling_params(cfg, run.tok), episode=jobs.episode_config(cfg),
                         engine=run.engine, infopo=cfg.infopo, grpo=cfg.grpo)

@@ -28,19 +28,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import sys
 import time
 from typing import Any
 
 import jax
 
-from jaxagent.jobs.build import Run, param_count, prepare, tokenizer_path
+from jaxagent.jobs.build import Run, param_count, prepare, write_export
 from jaxagent.jobs.config import RunConfig
 from jaxagent.jobs.evaluate import run_eval, run_host_eval
 from jaxagent.jobs.phases import run_rl, run_sft
 from jaxagent.jobs.runlog import json_default
-from jaxagent.models import save_pretrained
 from jaxagent.train.step import TrainingFailed
 
 
@@ -163,13 +161,7 @@ def _export(run: Run, params) -> None:
         host = jax.device_get(params)
     if not run.processes.is_main:
         return
-    out = run.run_dir / "hf"
-    save_pretrained(out, run.qcfg, host)
-    src = tokenizer_path(run.cfg.tokenizer)
-    if src.is_dir():
-        for f in src.iterdir():
-            if f.is_file() and not (out / f.name).exists() and f.name != "README.md":
-                shutil.copy2(f, out / f.name)
+    write_export(run.run_dir, run.cfg, run.qcfg, host)
 
 
 __all__ = ["attribution", "run_job"]

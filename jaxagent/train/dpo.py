@@ -413,7 +413,7 @@ def train_dpo(params, config: QwenConfig, pairs: Sequence[PairTokens], settings:
                 "lower dpo.lr or check the pairs and the model")
         if on_step is not None:
             on_step(i + 1, state)
-    return state.params, history
+    return state.model_params, history
 
 
 __all__ = ["DPO_AGG", "DPOSettings", "PairTokens", "as_step_batch", "check_pairs", "dpo_loss_fn",

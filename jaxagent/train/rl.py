@@ -178,7 +178,7 @@ class RLTrainer:
         self.faca = (faca or FacaConfig()) if use_faca else None
         self.grpo = grpo
         # The frozen reference policy (KL term): a copy of the initial weights by default.
-        self.ref_params = ref_params if ref_params is not None else jax.tree.map(jnp.copy, state.params)
+        self.ref_params = ref_params if ref_params is not None else jax.tree.map(jnp.copy, state.model_params)
         self.shardings = shardings
         self.processes = processes  # several: each plays its share of the episodes, all train on all
         self.update = make_update(ppo_loss_fn(config, ppo, **self.view), tx, microbatches=settings.microbatches,
@@ -199,7 +199,7 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ rollouts
     def rollout(self, tasks: Sequence[str], key: jax.Array) -> list[Trajectory]:
-        self.engine.set_params(self.state.params)
+        self.engine.set_params(self.state.model_params)
         return play_episodes(self.engine, self.make_env, self.tok, tasks, group_size=self.settings.group_size,
                              sampling=self.sampling, key=key, config=self.episode, processes=self.processes)
 
@@ -238,7 +238,7 @@ class RLTrainer:
         batch, old_lp = host.credit_batch(), host.logprobs_BL
         r_info = None
         if self.infopo is not None:  # the packed length comes from the host arrays (no device round trip)
-            out = compute_infogain(self.state.params, batch, self.ph_ids, config=self.config, mode=self.infopo.mode,
+            out = compute_infogain(self.state.model_params, batch, self.ph_ids, config=self.config, mode=self.infopo.mode,
                                    placeholder_mode=self.infopo.placeholder_mode, host=host,
                                    packed_multiple=self.settings.length_multiple,
                                    row_chunk=self.settings.score_rows or None,
