@@ -25,6 +25,7 @@ stack alone (HF round trip, scoring, KV-cache generation).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -133,10 +134,17 @@ def dry_run(cfg: RunConfig) -> dict:
                 n //= mesh.shape[a]
         per_device += n
     count = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract)))
+    lora = {}
+    if cfg.model.lora.rank:  # what an update trains and keeps optimizer state for
+        from jaxagent.models.lora import num_lora_params
+
+        n = num_lora_params(dataclasses.replace(qcfg, lora=cfg.model.lora.spec()))
+        lora = {"lora_rank": cfg.model.lora.rank, "lora_targets": list(cfg.model.lora.targets),
+                "trained_parameters": n, "trained_share": round(n / count, 5)}
     return {"config": "valid", "job": cfg.job, "name": cfg.name, "mesh": dict(zip(MESH_AXES, shape)),
             "devices_needed": math.prod(shape), "devices_here": here, "abstract_mesh": wanted > here,
             "parameters": count, "parameters_millions": round(count / 1e6, 2),
-            "param_bytes_per_device": per_device, "shapes_from": shapes_from, "credit": cfg.rl.credit}
+            "param_bytes_per_device": per_device, "shapes_from": shapes_from, "credit": cfg.rl.credit, **lora}
 
 
 #: Short forms: ``env=tau2_retail`` is ``env.kind=tau2_retail``, ``agent=oracle`` is ``eval.agent=oracle``.

@@ -24,6 +24,17 @@ def test_paper_scale_config_passes_dry_run(capsys):
     assert abs(out["param_bytes_per_device"] - 2 * 7615616512 / 4) / (2 * 7615616512 / 4) < 0.01
 
 
+@pytest.mark.parametrize("name", ["qd_label_musique", "qd_stage1_sft", "qd_stage2_dpo", "qd_stage3_dpo"])
+def test_qd_paper_scale_configs_pass_dry_run(name, capsys):
+    assert main(["--config", str(ROOT / "configs" / f"{name}.yaml"), "--dry-run"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"] == "valid" and out["parameters_millions"] == 8190.74  # Qwen3-8B
+    if name != "qd_label_musique":
+        # LoRA r 32 on the 7 projections of 36 layers: r * (in + out) summed, about 1.07% of the model
+        per_layer = 32 * ((4096 + 4096) + 2 * (4096 + 1024) + (4096 + 4096) + 2 * (4096 + 12288) + (12288 + 4096))
+        assert out["trained_parameters"] == 36 * per_layer == 87293952 and out["lora_rank"] == 32
+
+
 def test_quickstart_dry_run(capsys):
     assert main(["--dry-run"]) == 0
     out = json.loads(capsys.readouterr().out)

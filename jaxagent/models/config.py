@@ -438,6 +438,11 @@ _PRESETS: dict[str, dict[str, Any]] = {
         num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
         max_position_embeddings=40960, rope_theta=1_000_000.0, qkv_bias=False, qk_norm=True, eos_token_id=151645,
     ),
+    "qwen3-8b": dict(
+        family="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
+        max_position_embeddings=40960, rope_theta=1_000_000.0, qkv_bias=False, qk_norm=True, eos_token_id=151645,
+    ),
     # Tiny shapes for tests, CPU benchmarks and the laptop demo.
     "tiny-qwen2": dict(
         family="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
