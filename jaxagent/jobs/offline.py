@@ -40,7 +40,7 @@ from jaxagent.qd.agents import completion_ids, decision_prompt_ids
 from jaxagent.rollout.processes import ProcessGroup
 from jaxagent.text.tokenizer import Tokenizer
 from jaxagent.train.rows import RowTokens, row_batch, weighted_sft_loss_fn
-from jaxagent.train.step import (StepShardings, TrainingFailed, TrainState, learning_rate, make_optimizer, make_update,
+from jaxagent.train.step import (StepShardings, TrainState, learning_rate, make_optimizer, make_update,
                                  place_on_mesh)
 
 
