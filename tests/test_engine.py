@@ -5,6 +5,7 @@ import asyncio
 import time
 
 import jax
+import jax.numpy as jnp
 import pytest
 import numpy as np
 
@@ -97,6 +98,38 @@ def test_parked_prefix_is_restored_instead_of_prefilled():
     assert third.tokens == _reference([5, 6, 7], sp, jax.random.key(0))[0]
     assert stats["parked"] == 3 and stats["restored"] == 2
     assert not parked  # released sessions leave nothing parked
+
+
+def test_a_prefill_call_changes_only_its_admitted_rows():
+    # the engine's prefill against the naive one: `extend` over every lane with n_new = 0 elsewhere
+    from jaxagent.models.generate import extend, init_cache
+    from jaxagent.rollout.engine import _prefill
+
+    S, C = 4, 48
+    rng = np.random.default_rng(0)
+    cache = init_cache(CFG, S, C)
+    logits, cache = extend(PARAMS, cache, rng.integers(1, 60, (S, 20)), np.array([20, 12, 7, 16]), config=CFG)
+    pending = logits + 1.0  # lanes' pending logits, to be kept where not admitted
+    rows = np.array([2, 0, S, S], np.int32)  # lanes 2 and 0 admitted, two padding entries
+    toks = rng.integers(1, 60, (4, 16)).astype(np.int32)
+    n_new = np.array([9, 16, 0, 0], np.int32)
+    rollback = np.array([3, 20, 0, 0], np.int32)  # lane 2 keeps 3 of its 7, lane 0 all 20
+    want_toks = np.zeros((S, 16), np.int32)
+    want_toks[2], want_toks[0] = toks[0], toks[1]
+    want_n = np.array([16, 0, 9, 0], np.int32)
+    naive = cache._replace(lengths=np.array([20, 12, 3, 16], np.int32))
+    want_logits, want = extend(PARAMS, jax.tree.map(jnp.copy, naive), want_toks, want_n, config=CFG)
+    got_logits, got = _prefill(PARAMS, jax.tree.map(jnp.copy, cache), rows, toks, n_new, rollback, pending,
+                               config=CFG, window=64 if C >= 64 else C)
+    assert np.asarray(got.lengths).tolist() == [36, 12, 12, 16]
+    for lane, n in ((0, 36), (2, 12)):  # admitted: what the naive prefill wrote, and its logits
+        np.testing.assert_allclose(np.asarray(got.k[:, lane, :n]), np.asarray(want.k[:, lane, :n]), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(got.v[:, lane, :n]), np.asarray(want.v[:, lane, :n]), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(got_logits[lane]), np.asarray(want_logits[lane]), atol=1e-4)
+    for lane in (1, 3):  # not admitted: bit for bit as before, pending logits kept
+        assert np.array_equal(np.asarray(got.k[:, lane]), np.asarray(cache.k[:, lane]))
+        assert np.array_equal(np.asarray(got.v[:, lane]), np.asarray(cache.v[:, lane]))
+        assert np.array_equal(np.asarray(got_logits[lane]), np.asarray(pending[lane]))
 
 
 def test_engine_rejects_bad_sizes():

@@ -71,6 +71,8 @@ class _Request:
     seq: int = 0  # arrival order
 
 
+# The fewest new tokens a prefill call is shaped for (a turn's few tokens pad to it: fewer shapes to compile).
+_MIN_PREFILL = 16
 # Event-loop turns the engine waits, between calls, for sessions that got a result one call ago.
 _SETTLE_TURNS = 16
 
@@ -80,14 +82,23 @@ def _bucket(n: int, lo: int, hi: int) -> int:
     return min(hi, max(lo, 1 << max(0, n - 1).bit_length()))
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
-def _prefill(params, cache: KVCache, tokens_ST, n_new_S, rollback_S, logits_SV, *, config: QwenConfig):
-    """Rolls admitted rows back to their reused prefix, appends their new tokens, and keeps the
-    other rows' pending logits."""
-    admitted = n_new_S > 0
-    cache = cache._replace(lengths=jnp.where(admitted, rollback_S, cache.lengths))
-    logits, cache = extend(params, cache, tokens_ST, n_new_S, config=config)
-    return jnp.where(admitted[:, None], logits, logits_SV), cache
+@functools.partial(jax.jit, static_argnames=("config", "window"), donate_argnums=(1,))
+def _prefill(params, cache: KVCache, rows_A, tokens_AT, n_new_A, rollback_A, logits_SV, *, config: QwenConfig,
+             window: int):
+    """Prefills the admitted rows only: row ``rows_A[a]`` of the cache is rolled back to
+    ``rollback_A[a]`` (its reused prefix) and ``tokens_AT[a, :n_new_A[a]]`` are appended, attending
+    over the first ``window`` cache positions; its pending logits [V] become those of its last new
+    token. Padding entries of ``rows_A`` hold an out-of-range row (>= S) with ``n_new == 0``: they
+    read a clipped row, write nothing and change nothing. The other rows, and their pending
+    logits, are untouched, so a call costs the admitted rows' tokens, not every lane's.
+
+    Shapes: rows_A [A] int32, tokens_AT [A, T], n_new_A / rollback_A [A], logits_SV [S, V]."""
+    sub = KVCache(cache.k.at[:, rows_A].get(mode="clip"), cache.v.at[:, rows_A].get(mode="clip"), rollback_A)
+    logits_AV, sub = extend(params, sub, tokens_AT, n_new_A, config=config, window=window)
+    rows = jnp.where(n_new_A > 0, rows_A, cache.lengths.shape[0])  # padding: out of range, dropped
+    cache = KVCache(cache.k.at[:, rows].set(sub.k, mode="drop"), cache.v.at[:, rows].set(sub.v, mode="drop"),
+                    cache.lengths.at[rows].set(sub.lengths, mode="drop"))
+    return logits_SV.at[rows].set(logits_AV, mode="drop"), cache
 
 
 @functools.partial(jax.jit, static_argnames=("config", "vocab_limit", "steps", "window"), donate_argnums=(1,))
@@ -192,12 +203,17 @@ class GenerationEngine:
         if any(self.owner) or self.parked:
             raise RuntimeError("warmup: expected an engine no session has used yet")
         S, zeros = self.slots, np.zeros(self.slots, np.int32)
-        sizes = sorted({_bucket(n, 1, self.capacity) for n in (1 << i for i in range(self.capacity.bit_length()))})
-        for T in sizes:
-            self.logits, self.cache = _prefill(self.params, self.cache, np.zeros((S, T), np.int32), zeros, zeros,
-                                               self.logits, config=self.config)
+        sizes = sorted({_bucket(1 << i, _MIN_PREFILL, self.capacity) for i in range(self.capacity.bit_length())})
+        windows = sorted({_bucket(n, 64, self.capacity) for n in sizes})
+        for A in sorted({_bucket(n, 1, S) for n in range(1, S + 1)}):
+            rows = np.full(A, S, np.int32)  # all padding: nothing is written
+            for T in sizes:
+                for W in (w for w in windows if w >= T):
+                    self.logits, self.cache = _prefill(
+                        self.params, self.cache, rows, np.zeros((A, T), np.int32), np.zeros(A, np.int32),
+                        np.zeros(A, np.int32), self.logits, config=self.config, window=W)
         stop = np.full((S, 4), -1, np.int32)
-        for W in sorted({_bucket(n, 64, self.capacity) for n in sizes}):
+        for W in windows:
             out = _decode(self.params, self.cache, self.logits, self.keys, zeros, zeros, np.zeros(S, np.float32),
                           zeros, np.ones(S, np.float32), stop, np.zeros(S, bool), config=self.config,
                           vocab_limit=self.vocab_limit, steps=self.decode_steps, window=W)
@@ -347,28 +363,32 @@ class GenerationEngine:
         if admitted:
             for req in admitted:
                 self._swap(req)
-            rollback = np.zeros(S, np.int32)
-            n_new = np.zeros(S, np.int32)
-            news = {}
-            for req in admitted:
+            A = _bucket(len(admitted), 1, S)
+            rows = np.full(A, S, np.int32)  # padding rows: out of range (see `_prefill`)
+            rollback = np.zeros(A, np.int32)
+            n_new = np.zeros(A, np.int32)
+            news = []
+            for a, req in enumerate(admitted):
                 held = self.held[req.slot]
                 lcp = 0
-                for a, b in zip(held, req.prompt):
-                    if a != b:
+                for x, y in zip(held, req.prompt):
+                    if x != y:
                         break
                     lcp += 1
                 lcp = min(lcp, len(req.prompt) - 1)  # prefill at least one token for its logits
-                rollback[req.slot] = lcp
-                news[req.slot] = req.prompt[lcp:]
-                n_new[req.slot] = len(news[req.slot])
-                req.prefill_tokens = int(n_new[req.slot])
+                rows[a], rollback[a] = req.slot, lcp
+                news.append(req.prompt[lcp:])
+                n_new[a] = len(news[-1])
+                req.prefill_tokens = int(n_new[a])
                 self.keys[req.slot] = req.key
-            T = _bucket(int(n_new.max()), 1, self.capacity)
-            toks = np.zeros((S, T), np.int32)
-            for s, new in news.items():
-                toks[s, : len(new)] = new
-            self.logits, self.cache = _prefill(self.params, self.cache, jnp.asarray(toks), jnp.asarray(n_new),
-                                               jnp.asarray(rollback), self.logits, config=self.config)
+            T = _bucket(int(n_new.max()), _MIN_PREFILL, self.capacity)
+            window = _bucket(int((rollback + n_new).max()), 64, self.capacity)
+            toks = np.zeros((A, T), np.int32)
+            for a, new in enumerate(news):
+                toks[a, : len(new)] = new
+            self.logits, self.cache = _prefill(self.params, self.cache, jnp.asarray(rows), jnp.asarray(toks),
+                                               jnp.asarray(n_new), jnp.asarray(rollback), self.logits,
+                                               config=self.config, window=window)
             self.stats["prefill_tokens"] += int(n_new.sum())
         run = [(s, r) for s, r in enumerate(self.running) if r is not None]
         k = self.decode_steps  # fixed: rows that end on the way idle until the call returns
