@@ -210,6 +210,15 @@ def test_the_scripted_questioner_walks_the_chain():
     assert r.stop_reason == "policy_stop" and r.n_asks <= 8
 
 
+def test_the_scripted_questioners_names_end_at_a_sentence_end():
+    from jaxagent.qd.agents import _NAME
+
+    names = [m.group(0) for m in _NAME.finditer(
+        "The capital of Pougouia is Vituburg. Pougouia is a coastal country. J.R.R. Tolkien visited the Bank of "
+        "England.")]
+    assert names == ["The", "Pougouia", "Vituburg", "Pougouia", "J.R.R", "Tolkien", "Bank of England"]
+
+
 def test_the_scripted_questioner_covers_real_tasks():
     from jaxagent.qd.graphs import build_graphs
 

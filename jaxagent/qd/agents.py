@@ -76,7 +76,10 @@ class NeverAsk:
         return Reply(STOP_JSON)
 
 
-_NAME = re.compile(r"\b[A-Z][\w'’.-]*(?:\s+(?:of|the|de|la|von|van|and|du|del)?\s*[A-Z][\w'’.-]*)*")
+# A capitalised word (a "." inside it, as in "J.R.R", but never at its end: "Vituburg. Pougouia" is
+# two names split by a sentence end), joined with the capitalised words that follow it.
+_WORD = r"[A-Z](?:[\w'’-]|\.(?=[\w'’-]))*"
+_NAME = re.compile(rf"\b{_WORD}(?:\s+(?:of|the|de|la|von|van|and|du|del)?\s*{_WORD})*")
 _STOPWORD_NAMES = {"The", "A", "An", "In", "On", "It", "He", "She", "They", "His", "Her", "This", "That", "As", "At",
                    "By", "For", "From", "After", "Before", "During", "When", "While", "With", "Its", "Their", "There"}
 
