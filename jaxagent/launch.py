@@ -17,7 +17,8 @@ Jobs (``job=``): ``sft`` (masked cross-entropy on the gym's expert demonstration
 (rollouts -> credit (``rl.credit``: grpo, infopo, faca, infopo+faca) -> PPO), ``sft+rl`` (the
 default), ``eval`` (avg@k on held-out tasks; on tau2 retail also with ``agent=oracle`` or
 ``agent=endpoint``, an OpenAI-compatible server), ``qd_eval`` (questioners on a retrieval QA suite:
-MuSiQue, StrategyQA, 2Wiki; docs/QD.md). Short forms: ``env=K`` is ``env.kind=K``,
+MuSiQue, StrategyQA, 2Wiki; docs/QD.md), ``qd_label`` (Q&D forks labelled by their consequences),
+``dpo`` (preference pairs), ``qd_tau2`` (the Q&D loop inside a tau2 retail agent). Short forms: ``env=K`` is ``env.kind=K``,
 ``agent=A`` is ``eval.agent=A``. ``python -m jaxagent.tour`` is a tour of the model
 stack alone (HF round trip, scoring, KV-cache generation).
 """
@@ -223,7 +224,7 @@ def check_processes(cfg: RunConfig) -> None:
     an endpoint) use no mesh: they run in one process."""
     import jax
 
-    if jax.process_count() > 1 and cfg.job in ("qd_eval", "qd_label"):
+    if jax.process_count() > 1 and cfg.job in ("qd_eval", "qd_label", "qd_tau2"):
         raise configlib.ConfigError(
             f"job={cfg.job!r}: this launch is one of {jax.process_count()} processes; the Q&D evaluation and labelling "
             "run in one process (mesh.distributed=false)")

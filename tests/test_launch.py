@@ -137,8 +137,9 @@ def test_help_fits_the_terminal_and_lists_presets_once_each():
     # the user simulator's long prompt is elided and its section (four keys use it) listed once
     assert "You are playing a human user" not in out
     assert out.count("system_prompt") == 1 and "env.llm_user.system_prompt" in out
-    # customer_llm, judge and the four Q&D endpoints (questioner, baseline, drafter, answerer)
-    assert " ".join(out.split()).count("keys and defaults as env.llm_user.*") == 6
+    # customer_llm, judge, the four Q&D endpoints (questioner, baseline, drafter, answerer) and the tau2 selector
+    assert " ".join(out.split()).count("keys and defaults as env.llm_user.*") == 7
+    assert "qd.tau2.selector_endpoint" in out
     assert "qd.drafter_endpoint" in out and "qd.drafter_endpoint.system_prompt" not in out
     assert "eval.endpoint.base_url" in out and "eval.endpoint.system_prompt" not in out
 

@@ -2,11 +2,8 @@
 its failures: retried, counted, contained."""
 
 import asyncio
-import contextlib
 import json
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -34,48 +31,11 @@ from jaxagent.envs.tau2_retail.tasks import (
 from jaxagent.envs.tau2_retail.tools import TOOL_NAMES, tool_schemas
 from jaxagent.text.toolcalls import ToolCall
 
+from tests.loopback import chat_server as serve
 from tests.tau2_helpers import TASKS, call, episode, reply_text, run
 
 
 # ============================================================================ HTTP paths
-@contextlib.contextmanager
-def serve(replies):
-    """A loopback chat-completions server answering with ``replies`` in order (a str is the
-    message content, a dict the whole message); yields the list of request bodies it received."""
-    requests = []
-    lock = threading.Lock()
-
-    class H(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *a):
-            pass
-
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with lock:
-                requests.append(body)
-                r = replies[min(len(requests), len(replies)) - 1]
-            msg = {"role": "assistant", "content": r} if isinstance(r, str) else r
-            data = json.dumps({"choices": [{"index": 0, "message": msg, "finish_reason": "stop"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    srv.daemon_threads = True
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield requests, f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        thread.join(timeout=5)
-
-
 def _config(url):
     return LLMUserConfig(base_url=url, model="sim", temperature=0.0, max_retries=0, connect_timeout_s=2.0,
                          read_timeout_s=10.0, trust_env=False)
@@ -375,7 +335,7 @@ def test_evaluate_host_contains_a_failing_reset(monkeypatch):
     monkeypatch.setattr(env_module.scoring, "initial_db", flaky_initial_db)
     factory = Tau2EnvFactory(Tau2Section(tasks="0,1,2"))
     factory.record(False)
-    reports = run(evaluate_host(factory, OracleAgent, k=1, concurrency=2))
+    reports = run(evaluate_host(factory, lambda env, seed: OracleAgent(), k=1, concurrency=2))
     by = {r["task_id"]: r for r in reports}
     assert set(by) == {"0", "1", "2"}
     assert by["1"]["termination"] == "simulator_failure" and "disk gone" in by["1"]["error"]

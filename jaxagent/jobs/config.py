@@ -29,7 +29,7 @@ from jaxagent.models.sharding import MeshConfig
 from jaxagent.train.rl import RLSettings
 from jaxagent.train.step import OptimSettings
 
-JOBS = ("sft", "rl", "sft+rl", "eval", "qd_eval", "qd_label", "dpo")
+JOBS = ("sft", "rl", "sft+rl", "eval", "qd_eval", "qd_label", "dpo", "qd_tau2")
 GYM_NAMES = ("intention", "telepathy", "function", "preference")
 BUILTIN_TOKENIZER = "builtin:gyms"
 
@@ -316,6 +316,29 @@ QUESTIONERS = ("scripted", "never_ask", "policy", "endpoint")
 
 
 @dataclasses.dataclass(frozen=True)
+class QDTau2Section:
+    """``qd.tau2``: ``job=qd_tau2``, the Q&D loop inside a tau2 retail agent (docs/QD.md, "tau2 transfer")."""
+
+    selector: Literal["rules", "endpoint"] = _help(
+        "rules", "maps a question to one read-only tool call: rules (offline stand-in: the identifier the question "
+                 "names) or endpoint (qd.tau2.selector_endpoint, else qd.drafter_endpoint: the drafter's model)")
+    selector_endpoint: LLMUserConfig | None = None
+    baseline: Literal["none", "never_ask", "endpoint"] = _help(
+        "never_ask", "the arm without the questioner: never_ask (the same drafter and answerer, no question), "
+                     "endpoint (qd.drafter_endpoint's model as a plain tool-calling agent, at eval.temperature)")
+    questions: int = _help(16, "executed questions per dialogue")
+    tool_calls: int = _help(16, "planned tool calls per dialogue (calculate and transfer_to_human_agents exempt)")
+    max_decisions: int = _help(16, "questioner decisions per assistant turn")
+    prompt: Literal["routing", "routing_stop"] = _help(
+        "routing", "the questioner's instructions: routing (what the read-only lookups answer), routing_stop (and "
+                   "when to stop)")
+
+    def __post_init__(self) -> None:
+        for f in ("questions", "tool_calls", "max_decisions"):
+            _at_least(f, getattr(self, f), 0)
+
+
+@dataclasses.dataclass(frozen=True)
 class QDSection:
     """``job=qd_eval``: questioners on a retrieval QA suite (docs/QD.md)."""
 
@@ -361,6 +384,7 @@ class QDSection:
                                    "to be an SFT target, and a pair's margin")
     max_pairs: int = _help(12, "job=qd_label: ask_ask + recorded ask_stop pairs kept per state")
     max_len_delta: int = _help(40, "job=qd_label: largest question length difference (characters) of an ask_ask pair")
+    tau2: QDTau2Section = _field(default_factory=QDTau2Section)
 
     def __post_init__(self) -> None:
         _number_in("floor", self.floor, lo=0.0, what="a finite number >= 0")
@@ -375,6 +399,12 @@ class QDSection:
         for role in ("questioner", "baseline", "drafter", "answerer"):
             if getattr(self, role) == "endpoint" and getattr(self, f"{role}_endpoint") is None:
                 raise ValueError(f"{role}='endpoint': expected qd.{role}_endpoint (base_url, model, ...)")
+        if self.tau2.selector == "endpoint" and self.tau2.selector_endpoint is None and self.drafter_endpoint is None:
+            raise ValueError("tau2.selector='endpoint': expected qd.tau2.selector_endpoint or qd.drafter_endpoint (the "
+                             "drafter's model selects by default)")
+        if self.tau2.baseline == "endpoint" and self.drafter_endpoint is None:
+            raise ValueError("tau2.baseline='endpoint': the plain agent is the drafter's model; expected "
+                             "qd.drafter_endpoint (base_url, model, ...)")
         if self.benchmark == "synthetic" and self.file is None:
             raise ValueError("benchmark='synthetic': expected qd.file (python -m jaxagent.qd.synthetic OUT.json "
                              "writes one)")
@@ -388,7 +418,7 @@ class QDSection:
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     name: str = _help("quickstart", "runs/<name>/ holds everything the run writes")
-    job: Literal["sft", "rl", "sft+rl", "eval", "qd_eval", "qd_label", "dpo"] = "sft+rl"
+    job: Literal["sft", "rl", "sft+rl", "eval", "qd_eval", "qd_label", "dpo", "qd_tau2"] = "sft+rl"
     runs_dir: str = "runs"
     seed: int = 0
     steps: int = _help(32, "RL iterations")
@@ -454,7 +484,8 @@ class RunConfig:
         if self.eval.agent != "policy" and (self.job != "eval" or self.env.kind != "tau2_retail"):
             raise ValueError(f"eval.agent={self.eval.agent!r}: host agents play job=eval on env.kind='tau2_retail' "
                              f"(got job={self.job!r}, env.kind={self.env.kind!r}); expected eval.agent='policy'")
-        if self.env.kind == "tau2_retail" and self.eval.agent == "policy" and self.tokenizer == BUILTIN_TOKENIZER:
+        if self.env.kind == "tau2_retail" and self.eval.agent == "policy" and self.tokenizer == BUILTIN_TOKENIZER \
+                and self.job != "qd_tau2":  # job=qd_tau2 needs a tokenizer only for qd.questioner=policy (below)
             raise ValueError("tokenizer='builtin:gyms': the gyms' closed vocabulary cannot spell tau2 retail text; "
                              "expected a tokenizer directory (e.g. the checkpoint's, as model.path)")
         check_timeout(self)
@@ -464,7 +495,13 @@ class RunConfig:
         if self.sft.data is not None and self.job != "sft":
             raise ValueError(f"sft.data={self.sft.data!r}: rows train in job=sft (got job={self.job!r}); expected "
                              "job=sft, or sft.data=null")
-        if self.job in ("qd_eval", "qd_label") and "policy" in (self.qd.questioner, self.qd.baseline) \
+        if self.job == "qd_tau2" and self.env.kind != "tau2_retail":
+            raise ValueError(f"job='qd_tau2': the Q&D loop inside a tau2 retail agent; expected env.kind='tau2_retail' "
+                             f"(got {self.env.kind!r})")
+        if self.job == "qd_tau2" and self.qd.baseline not in ("none",):
+            raise ValueError(f"qd.baseline={self.qd.baseline!r}: job=qd_tau2's second arm is qd.tau2.baseline; "
+                             "expected qd.baseline=none")
+        if self.job in ("qd_eval", "qd_label", "qd_tau2") and "policy" in (self.qd.questioner, self.qd.baseline) \
                 and self.tokenizer == BUILTIN_TOKENIZER:
             raise ValueError("tokenizer='builtin:gyms': the gyms' closed vocabulary cannot spell retrieval QA text; "
                              "expected a tokenizer directory for qd.questioner=policy (e.g. the checkpoint's)")
@@ -544,6 +581,8 @@ def default_name(cfg: RunConfig) -> str:
     env = cfg.env.gym if cfg.env.kind == "gym" else cfg.env.kind
     if cfg.job in ("qd_eval", "qd_label"):
         return f"{cfg.job}-{cfg.qd.benchmark}"
+    if cfg.job == "qd_tau2":
+        return "qd_tau2-retail"
     if (cfg.job, cfg.env.kind, cfg.env.gym) == ("sft+rl", "gym", "intention"):
         return "quickstart"
     return f"{cfg.job}-{env}"
@@ -561,5 +600,5 @@ def load_config(path: str | Path | None = None, overrides=()) -> RunConfig:
 
 
 __all__ = ["BUILTIN_TOKENIZER", "GYM_NAMES", "JOBS", "CheckpointSection", "EnvSection", "EvalSection",
-           "ModelSection", "QDSection", "RolloutSection", "RunConfig", "SFTSection", "Tau2Section", "check_timeout", "default_name",
+           "ModelSection", "QDSection", "QDTau2Section", "RolloutSection", "RunConfig", "SFTSection", "Tau2Section", "check_timeout", "default_name",
            "env_max_reward", "episode_timeout_s", "load_config", "simulator_budget_s", "simulator_clients"]

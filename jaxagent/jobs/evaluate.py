@@ -101,7 +101,7 @@ def run_host_eval(cfg) -> dict[str, Any]:
         # the agent samples at eval.temperature, as the local policy does
         endpoint = cfg.eval.endpoint.client_config(cfg.eval.temperature) if cfg.eval.endpoint else None
         client = LLMUserClient(endpoint) if cfg.eval.agent == "endpoint" else None
-        make_agent = (lambda: EndpointAgent(client)) if client is not None else OracleAgent
+        make_agent = (lambda env, seed: EndpointAgent(client)) if client is not None else (lambda env, seed: OracleAgent())
         try:
             return await evaluate_host(factory, make_agent, k=cfg.eval.k, concurrency=cfg.eval.concurrency,
                                        max_turns=cfg.env.tau2.max_steps)

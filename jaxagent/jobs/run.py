@@ -58,6 +58,10 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
         from jaxagent.jobs.offline import run_dpo
 
         return run_dpo(cfg)
+    if cfg.job == "qd_tau2":  # the Q&D loop inside a tau2 retail agent
+        from jaxagent.jobs.qd_tau2 import run_qd_tau2
+
+        return run_qd_tau2(cfg)
     if cfg.job == "qd_label":  # forks labelled by their consequences
         from jaxagent.jobs.qd_label import run_qd_label
 

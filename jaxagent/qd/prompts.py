@@ -54,14 +54,15 @@ class EvidenceView:
 
 
 def render_state(*, question: str, benchmark: str, evidence: Sequence[EvidenceView], draft: str,
-                 history: Sequence[tuple[str, str]]) -> str:
-    """The questioner's prompt for one decision (module docstring)."""
+                 history: Sequence[tuple[str, str]], instructions: str | None = None) -> str:
+    """The questioner's prompt for one decision (module docstring); ``instructions`` replaces the
+    suite's (the tau2 transfer's routing paragraphs, `jaxagent.qd.tau2`)."""
     held = sorted(evidence, key=lambda e: _uid_key(e.uid))
     ev = "\n".join(f"[{e.uid}] {e.title}: {e.text[:EVIDENCE_CHARS]}" for e in held) or "(nothing retrieved yet)"
     hist = "\n".join(f"Q{i + 1}: {q}\nA{i + 1}: {a}" for i, (q, a) in enumerate(history)) or "(nothing asked yet)"
     return "\n\n".join([
         f"Task: {question}",
-        f"Instructions: {SUITE_INSTRUCTIONS.get(benchmark, SUITE_INSTRUCTIONS['synthetic'])}",
+        f"Instructions: {instructions or SUITE_INSTRUCTIONS.get(benchmark, SUITE_INSTRUCTIONS['synthetic'])}",
         f"Evidence so far:\n{ev}",
         f"Current draft:\n{draft or '(no draft yet)'}",
         f"Questions asked so far:\n{hist}",

@@ -41,7 +41,7 @@ from jaxagent.envs.tau2_retail import scoring
 from jaxagent.envs.tau2_retail.customer import GREETING, Customer, CustomerTurn, LLMCustomer, ScriptedCustomer
 from jaxagent.envs.tau2_retail.db import db_hash, load_policy
 from jaxagent.envs.tau2_retail.tasks import Task
-from jaxagent.envs.tau2_retail.tools import WRITE_TOOLS, execute, tool_schemas
+from jaxagent.envs.tau2_retail.tools import READ_TOOLS, WRITE_TOOLS, execute, tool_schemas
 
 AGENT_INSTRUCTION = """\
 You are a customer service agent that helps the user according to the <policy> provided below.
@@ -130,6 +130,22 @@ class Tau2RetailEnv(Environment):
 
     def assistant_texts(self) -> list[str]:
         return [m["content"] for m in self.messages if m["role"] == "assistant" and m.get("content")]
+
+    def read(self, name: str, arguments: Mapping[str, Any]):
+        """A read-only tool run against the live database outside the conversation (the Q&D
+        agent's retriever: `jaxagent.qd.tau2`): no message enters the transcript and no step is
+        counted, so the customer and the judge never see it; the call is kept among the episode's
+        calls (marked ``"via": "read"``), so the scripted customer counts an identity lookup made
+        this way as the agent's, and scoring (which replays writes only) ignores it. A write,
+        generic or unknown tool executes nothing: None."""
+        if self.task is None or not self.db:
+            raise RuntimeError("Tau2RetailEnv.read: no episode in progress; expected reset() first")
+        if name not in READ_TOOLS:
+            return None
+        res = execute(self.db, name, dict(arguments))
+        self.calls.append({"name": name, "arguments": dict(arguments), "error": res.error, "content": res.content,
+                           "via": "read"})
+        return res
 
     # -- Environment
     async def reset(self, task_id: str, seed: int) -> Reset:

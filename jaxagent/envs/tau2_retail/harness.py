@@ -138,29 +138,34 @@ def per_task(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def evaluate_host(factory: Tau2EnvFactory, make_agent, *, k: int, concurrency: int,
-                        max_turns: int = 200) -> list[dict[str, Any]]:
-    """Every selected task ``k`` times (seeds 0..k-1) with a fresh agent from ``make_agent()``;
-    episodes whose simulator or agent endpoint fails after its retries are reported as
-    ``simulator_failure`` (reward 0) and the rest go on."""
+                        max_turns: int = 200, on_report=None) -> list[dict[str, Any]]:
+    """Every selected task ``k`` times (seeds 0..k-1) with a fresh agent from ``make_agent(env,
+    seed)`` (``env``: the episode's environment); episodes whose simulator or agent endpoint fails
+    after its retries are reported as ``simulator_failure`` (reward 0) and the rest go on.
+    ``on_report(agent, report)``, when given, may add the agent's side to each report."""
     from jaxagent.envs.tau2_retail.agents import play
 
     sem = asyncio.Semaphore(concurrency)
 
     async def one(tid: str, seed: int) -> dict[str, Any]:
         async with sem:
-            env, agent = factory(), make_agent()
+            env = factory()
+            agent = make_agent(env, seed)
             try:
-                return await play(env, agent, tid, seed, max_turns=max_turns)
+                report = await play(env, agent, tid, seed, max_turns=max_turns)
             except Exception as e:  # noqa: BLE001 - counted, the evaluation goes on
                 try:
                     partial = env.report()
                 except Exception:  # noqa: BLE001 - a report of a half-reset episode
                     partial = {"messages": []}
-                return dict(partial, task_id=tid, seed=seed, termination="simulator_failure",
-                            score={"reward": 0.0, "components": {}, "scoring_mode": factory.section.scoring},
-                            error=f"{type(e).__name__}: {e}"[:500])
+                report = dict(partial, task_id=tid, seed=seed, termination="simulator_failure",
+                              score={"reward": 0.0, "components": {}, "scoring_mode": factory.section.scoring},
+                              error=f"{type(e).__name__}: {e}"[:500])
             finally:
                 await agent.aclose()
+            if on_report is not None:
+                on_report(agent, report)
+            return report
 
     return list(await asyncio.gather(*(one(t, s) for t in factory.task_ids for s in range(k))))
 
