@@ -63,6 +63,14 @@ def test_the_summary_is_its_transcripts_readings(musique):
     assert own["mean_diff"] == pytest.approx(cov, abs=1e-12) and own["n_tasks"] == 30 and own["decided"] is True
     # at equal spend against never-ask both sides are read at 0 questions: no difference
     assert s["comparison"]["equal_spend"]["coverage"]["mean_diff"] == 0.0
+    # the stop 2x2 paired: each run's own rate, a task's seeds averaged; never-ask asks at no point and is never done
+    rates: dict = {}
+    for r in treat:
+        rates.setdefault(r.task_id, []).append(M.stop_cells(r, graphs[r.task_id]).ask_when_not_done)
+    awn = s["comparison"]["own_stop"]["ask_when_not_done"]
+    assert awn["mean_diff"] == pytest.approx(np.mean([np.mean(v) for v in rates.values()]), abs=1e-12)
+    assert awn["mean_b"] == 0.0 and awn["n_tasks"] == 30
+    assert s["comparison"]["own_stop"]["stop_when_done"]["n_tasks"] == 0
 
 
 def test_the_printed_intervals_match_scipy_on_the_same_differences(musique):

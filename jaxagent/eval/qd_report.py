@@ -120,8 +120,9 @@ def compare(treatment: Sequence[QDRun], baseline: Sequence[QDRun], graphs: Mappi
             variant: str = "symmetric") -> dict[str, Any]:
     """Treatment - baseline, paired by (task, seed): the equal-spend rows (symmetric), the length
     control (coverage, the baseline read at the prefix whose question tokens fit the treatment's),
-    then own stop (coverage, questions, answer F1), each with `compare_arms`' interval, verdict, p
-    and MDE."""
+    then own stop (coverage, questions, answer F1, and the stop 2x2's two rates, each run's over its
+    own decision points, a run without such a point left out), each with `compare_arms`' interval,
+    verdict, p and MDE."""
     out: dict[str, Any] = {"equal_spend_variant": variant, "equal_spend": {}, "own_stop": {}}
     for name in SPEND_ROWS:
         sc = M.equal_spend(treatment, baseline, graphs, metric=_metric(name, depth_rule), variant=variant)
@@ -135,7 +136,10 @@ def compare(treatment: Sequence[QDRun], baseline: Sequence[QDRun], graphs: Mappi
                  {(t, 0): p.comparator for t, p in lc.per_task.items()}, resamples, seed),
         dropped_pairs=lc.dropped, unpaired=lc.unpaired)}
     own = {"coverage": lambda r: M.coverage(r, graphs[r.task_id]), "questions": lambda r: float(r.n_asks),
-           "answer_f1": lambda r: M.answer_f1(r.answer, tasks[r.task_id].answer, tasks[r.task_id].aliases)}
+           "answer_f1": lambda r: M.answer_f1(r.answer, tasks[r.task_id].answer, tasks[r.task_id].aliases),
+           # the stop 2x2, paired: each run's rate over its own decision points (NaN, left out, without one)
+           "stop_when_done": lambda r: M.stop_cells(r, graphs[r.task_id]).stop_when_done,
+           "ask_when_not_done": lambda r: M.stop_cells(r, graphs[r.task_id]).ask_when_not_done}
     for name, read in own.items():
         a = {(r.task_id, r.seed): read(r) for r in treatment}
         b = {(r.task_id, r.seed): read(r) for r in baseline}
