@@ -68,6 +68,18 @@ def test_the_rule_selector_reads_the_identifier_the_question_names():
     assert _select("What does the customer want?") is None
 
 
+def test_wire_calls_parse_to_name_and_arguments_or_refuse():
+    from jaxagent.envs.tau2_retail.agents import wire_call
+
+    assert wire_call({"function": {"name": "get_user_details", "arguments": '{"user_id": "u"}'}}) == (
+        "get_user_details", {"user_id": "u"})
+    assert wire_call({"function": {"name": "f", "arguments": {"a": 1}}}) == ("f", {"a": 1})  # already parsed
+    assert wire_call({"function": {"name": "f", "arguments": "[1, 2]"}}) == ("f", None)
+    assert wire_call({"function": {"name": "f", "arguments": "{oops"}}) == ("f", None)
+    assert wire_call({"function": {"name": 3}}) == ("unknown", {})
+    assert wire_call({}) == ("unknown", {})
+
+
 _NAMES = st.sampled_from(["cancel_pending_order", "modify_user_address", "calculate", "get_order_details"])
 _ARGS = st.dictionaries(st.sampled_from(["order_id", "reason", "zip", "item_ids"]),
                         st.one_of(st.text(max_size=12), st.lists(st.text(max_size=6), max_size=3)), max_size=3)

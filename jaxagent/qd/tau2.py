@@ -48,6 +48,7 @@ import jax
 from jaxagent.envs.base import AgentMessage, EnvMessage, Reset
 from jaxagent.envs.llm_user import LLMUserClient
 from jaxagent.envs.retrieval_qa.tasks import QATask, Unit
+from jaxagent.envs.tau2_retail.agents import wire_call
 from jaxagent.envs.tau2_retail.tools import READ_TOOLS, WRITE_TOOLS, tool_schemas
 from jaxagent.qd.agents import QDState, Questioner, Reply, describe
 from jaxagent.qd.loop import RoleFailed, _call
@@ -156,14 +157,8 @@ class EndpointSelector:
         reply, _, _ = await self.client.chat(msg, extra={"tools": self.tools, "tool_choice": "required"},
                                              require_content=False)
         for c in reply.get("tool_calls") or ():
-            fn = c.get("function") or {}
-            raw = fn.get("arguments", "{}")
-            try:
-                args = json.loads(raw) if isinstance(raw, str) else raw
-            except json.JSONDecodeError:
-                return None
-            if isinstance(fn.get("name"), str) and isinstance(args, dict):
-                return ToolCall(fn["name"], args)
+            name, args = wire_call(c)
+            return ToolCall(name, args) if name != "unknown" and args is not None else None
         return None
 
 

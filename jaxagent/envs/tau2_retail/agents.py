@@ -238,6 +238,19 @@ class EndpointConfig:
                              **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
 
+def wire_call(call: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """(name, arguments) of one OpenAI ``tool_calls`` entry: the name ("unknown" when it is not a
+    string) and the arguments parsed from their JSON string (None when they are not a JSON object)."""
+    fn = call.get("function") or {}
+    raw = fn.get("arguments", "{}")
+    try:
+        args = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError:
+        args = None
+    name = fn.get("name") if isinstance(fn.get("name"), str) else "unknown"
+    return name, args if isinstance(args, dict) else None
+
+
 class EndpointAgent:
     """An agent served over an OpenAI-compatible chat-completions API (`LLMUserClient.chat`, with
     its retry policy): the system prompt, the conversation and the tool schemas go in the request;
@@ -269,15 +282,9 @@ class EndpointAgent:
         reply, _, _ = await self.client.chat(self.history, extra={"tools": self.tools}, require_content=False)
         calls, errors, wire, bad_wire = [], [], [], []
         for c in reply.get("tool_calls") or ():
-            fn = c.get("function") or {}
-            raw = fn.get("arguments", "{}")
-            try:
-                args = json.loads(raw) if isinstance(raw, str) else raw
-            except json.JSONDecodeError:
-                args = None
+            name, args = wire_call(c)
             self.n_calls += 1
-            name = fn.get("name") if isinstance(fn.get("name"), str) else "unknown"
-            if name == "unknown" or not isinstance(args, dict):
+            if name == "unknown" or args is None:
                 # The environment answers it with an error tool message after the good calls' results;
                 # it goes back to the server as a call (arguments "{}": servers parse them) with its id.
                 errors.append("bad_arguments")
@@ -364,4 +371,5 @@ __all__ = [
     "plan_for",
     "play",
     "proposal",
+    "wire_call",
 ]
