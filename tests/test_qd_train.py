@@ -104,6 +104,18 @@ def test_job_sft_on_qd_rows_end_to_end(tmp_path):
         main([*args[:3], "name=short", *args[4:-1], "sft.max_len=16"])
 
 
+def test_rows_past_the_models_positions_are_refused_before_training():
+    from jaxagent import configlib
+    from jaxagent.jobs.offline import check_positions
+    from jaxagent.models import preset
+
+    qcfg = preset("tiny-qwen2", max_position_embeddings=2048)
+    check_positions(2048, "sft.max_len", 4096, qcfg)  # fits exactly
+    with pytest.raises(configlib.ConfigError, match=r"sft.max_len=4096: keeps rows of up to 2049 tokens, past the "
+                                                    r"model's max_position_embeddings=2048.*rollout.capacity"):
+        check_positions(2049, "sft.max_len", 4096, qcfg)
+
+
 def test_sft_data_outside_job_sft_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="sft.data=.*expected job=sft"):
         main(["job=sft+rl", "progress=false", f"runs_dir={tmp_path}", "sft.data=x.jsonl"])

@@ -88,6 +88,17 @@ def sft_row_tokens(rows: list[labels.SFTRow], tok: Tokenizer, max_len: int) -> t
     return out, long
 
 
+def check_positions(longest: int, key: str, max_len: int, qcfg: QwenConfig) -> None:
+    """A kept row (or pair) of ``longest`` tokens must fit the model's positions: refused before
+    training, naming both keys, rather than failing inside the first update."""
+    if longest > qcfg.max_position_embeddings:
+        raise configlib.ConfigError(
+            f"{key}={max_len}: keeps rows of up to {longest} tokens, past the model's max_position_embeddings="
+            f"{qcfg.max_position_embeddings}; expected {key} <= {qcfg.max_position_embeddings} (longer rows are left "
+            "out and counted) or a model with more positions (a preset has max(rollout.capacity, 2048): set "
+            "rollout.capacity; a checkpoint has its config.json's)")
+
+
 _PHASES = {"sft": 11, "dpo": 12}  # the per-epoch permutations' streams (jobs.build.step_rng uses 1-3)
 
 
@@ -124,6 +135,7 @@ def run_sft_rows(cfg: RunConfig) -> dict[str, Any]:
     if not data:
         raise configlib.ConfigError(f"sft.data={s.data!r}: none of its {len(rows)} rows fits in sft.max_len={s.max_len} "
                                     "tokens; expected rows (or a larger sft.max_len)")
+    check_positions(max(len(r.prompt) + len(r.completion) for r in data), "sft.max_len", s.max_len, run.qcfg)
     batch = min(s.batch_size, len(data))
     if batch % s.microbatches:
         raise configlib.ConfigError(f"sft.microbatches={s.microbatches}: the {len(data)} rows make batches of {batch}; "
@@ -213,6 +225,8 @@ def run_dpo(cfg: RunConfig) -> dict[str, Any]:
         raise configlib.ConfigError(
             f"dpo.data={d.data!r}: no pair to train on ({len(every)} pairs, {len(chosen)} of stage dpo.stage={d.stage}, "
             f"{long} longer than dpo.max_len={d.max_len}); expected pairs of the stage")
+    check_positions(max(len(p.prompt) + max(len(p.chosen), len(p.rejected)) for p in data), "dpo.max_len", d.max_len,
+                    run.qcfg)
     total = dpo_steps(len(data), settings)
     optim = dpo_optim(settings, total)
     tx = make_optimizer(optim)
