@@ -10,10 +10,10 @@
 # delete OUT_DIR/<step> to redo one).
 # Usage: scripts/qd_pipeline.sh [OUT_DIR]
 #   env: BENCH, SYN_TASKS, TOK, MODEL_FLAGS, DEMO_TASKS, TRAIN_TASKS, EVAL_FIRST, EVAL_TASKS, SEEDS, TEMP, FORKS,
-#        CAPACITY, MAX_LEN, WARM_EPOCHS, DPO_LR, MICRO
+#        CAPACITY, MAX_LEN, WARM_EPOCHS, WARM_BATCH, DPO_LR, MICRO
 #   synthetic (defaults): scripts/qd_pipeline.sh runs/qd_synthetic
-#   2wiki, tiny: BENCH=2wiki TOK=tests/fixtures/tokenizer_qwen CAPACITY=8192 MAX_LEN=4096 MICRO=8 DEMO_TASKS=100 \
-#     WARM_EPOCHS=1 TRAIN_TASKS=8 FORKS=4 EVAL_FIRST=300 EVAL_TASKS=20 SEEDS=1 scripts/qd_pipeline.sh runs/qd_2wiki
+#   2wiki, tiny: BENCH=2wiki TOK=tests/fixtures/tokenizer_qwen CAPACITY=8192 MAX_LEN=4096 MICRO=4 DEMO_TASKS=100 \
+#     WARM_EPOCHS=1 WARM_BATCH=4 TRAIN_TASKS=8 FORKS=4 EVAL_FIRST=300 EVAL_TASKS=20 SEEDS=1 scripts/qd_pipeline.sh runs/qd_2wiki
 set -euo pipefail
 OUT=${1:-runs/qd_synthetic}
 BENCH=${BENCH:-synthetic}
@@ -30,6 +30,7 @@ FORKS=${FORKS:-8}
 CAPACITY=${CAPACITY:-1536}       # the engine's cache row: the longest decision prompt + max_new_tokens
 MAX_LEN=${MAX_LEN:-5120}         # SFT rows / DPO pairs longer than this are left out (counted)
 WARM_EPOCHS=${WARM_EPOCHS:-4}
+WARM_BATCH=${WARM_BATCH:-16}
 DPO_LR=${DPO_LR:-3e-5}           # 1e-4 made stage 2 emit broken JSON (docs/QD.md)
 MICRO=${MICRO:-1}                # microbatches per SFT / DPO step (memory: long prompts want more)
 POLICY="tokenizer=$TOK rollout.capacity=$CAPACITY rollout.slots=32 qd.concurrency=32 qd.max_new_tokens=128 qd.temperature=$TEMP"
@@ -57,7 +58,7 @@ fi
 step demos job=qd_label $SUITE qd.tasks="$DEMO_TASKS" qd.seeds=1 qd.forks=1 qd.questioner=scripted
 step warm job=sft sft.data="$OUT/demos/decisions.jsonl" tokenizer="$TOK" $MODEL_FLAGS rollout.capacity="$CAPACITY" \
   sft.max_len="$MAX_LEN" \
-  sft.microbatches="$MICRO" sft.batch_size=16 sft.epochs="$WARM_EPOCHS" sft.lr=2e-3 sft.warmup_ratio=0.05
+  sft.microbatches="$MICRO" sft.batch_size="$WARM_BATCH" sft.epochs="$WARM_EPOCHS" sft.lr=2e-3 sft.warmup_ratio=0.05
 
 # 1. fork the warm model's runs on the training tasks and label every candidate
 step label job=qd_label $SUITE qd.tasks="$TRAIN_TASKS" qd.seeds=1 qd.forks="$FORKS" qd.questioner=policy \
