@@ -15,6 +15,16 @@ Examples (from the repository root)::
     python3 scripts/bench_model.py --shape small-qwen2 --batch 4 --seq 512
     python3 scripts/bench_model.py --shape qwen2.5-1.5b --batch 8 --seq 4096 --dtype bfloat16 --attn cudnn
     python3 scripts/bench_model.py --shape qwen2.5-7b --batch 8 --seq 4096 --dtype bfloat16 --attn cudnn
+    python3 scripts/bench_model.py --shape small-qwen2 --batch 1 --seq 8192 --attn blockwise --backward --no-torch
+
+Every run reports the compiled program's memory (``memory_analysis``: arguments + outputs +
+temporaries, the peak XLA plans for) and the process's peak RSS. ``--backward`` times the gradient of
+the summed log-probs instead (forward + backward). ``--sweep`` runs this script once per shape,
+length, attention implementation and pass in child processes (a fresh peak RSS each) and prints
+blockwise vs XLA side by side, with the ratios: a configuration whose planned memory exceeds
+``--max-run-gb`` is compiled and reported but not run::
+
+    python3 scripts/bench_model.py --sweep --sweep-shapes tiny-qwen2,small-qwen2 --sweep-lengths 1024,4096,8192,16384
 """
 
 from __future__ import annotations
@@ -23,7 +33,9 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -81,7 +93,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="params and compute dtype (default: float32 on CPU, bfloat16 on GPU/TPU)",
     )
-    p.add_argument("--attn", choices=("xla", "cudnn", "auto"), default="auto", help="attention implementation")
+    p.add_argument("--attn", choices=("xla", "cudnn", "blockwise", "auto"), default="auto",
+                   help="attention implementation")
+    p.add_argument("--backward", action="store_true", help="time forward + backward (the gradient of the summed log-probs)")
+    p.add_argument("--max-run-gb", type=float, default=16.0,
+                   help="compile but do not run when the planned memory exceeds this (GiB)")
+    p.add_argument("--sweep", action="store_true", help="blockwise vs XLA over --sweep-shapes x --sweep-lengths")
+    p.add_argument("--sweep-shapes", default="tiny-qwen2,small-qwen2")
+    p.add_argument("--sweep-lengths", default="1024,4096,8192,16384")
     p.add_argument("--chunk", type=int, default=512, help="log-prob chunk size (positions per float32 logits chunk)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls after compilation")
     p.add_argument("--iters", type=int, default=30, help="timed calls")
@@ -162,8 +181,58 @@ def torch_baseline(args, cfg, params, tokens_np: np.ndarray, device: str) -> dic
     }
 
 
+def planned_bytes(compiled) -> int:
+    """The peak XLA plans for a compiled call: its arguments, outputs and temporaries (aliased
+    buffers once)."""
+    m = compiled.memory_analysis()
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def sweep(args) -> dict:
+    """Blockwise vs XLA attention, each configuration in its own process (its own peak RSS)."""
+    rows = []
+    for shape in args.sweep_shapes.split(","):
+        for seq in (int(x) for x in args.sweep_lengths.split(",")):
+            for backward in (False, True):
+                pair = {}
+                for attn in ("xla", "blockwise"):
+                    cmd = [sys.executable, __file__, "--shape", shape, "--batch", str(args.batch), "--seq", str(seq),
+                           "--attn", attn, "--no-torch", "--warmup", str(args.warmup), "--iters", str(args.iters),
+                           "--max-run-gb", str(args.max_run_gb)] + (["--backward"] if backward else [])
+                    log(f"[sweep] {' '.join(cmd[2:])}")
+                    proc = subprocess.run(cmd, capture_output=True, text=True)
+                    if proc.returncode != 0:
+                        log(proc.stderr[-2000:])
+                        pair[attn] = {"ran": False, "error": f"exit {proc.returncode}"}
+                        continue
+                    pair[attn] = json.loads(proc.stdout.strip().splitlines()[-1])
+                x, b = pair["xla"], pair["blockwise"]
+                row = {"shape": shape, "seq": seq, "batch": args.batch, "backward": backward}
+                for name, r in (("xla", x), ("blockwise", b)):
+                    row[f"{name}_planned_gib"] = r.get("planned_bytes", 0) / 2**30 or None
+                    row[f"{name}_peak_rss_gib"] = r.get("peak_rss_bytes", 0) / 2**30 if r.get("ran") else None
+                    row[f"{name}_median_s"] = r.get("median_s")
+                if x.get("planned_bytes") and b.get("planned_bytes"):
+                    row["planned_memory_ratio_blockwise_over_xla"] = b["planned_bytes"] / x["planned_bytes"]
+                if x.get("ran") and b.get("ran"):
+                    row["peak_rss_ratio_blockwise_over_xla"] = b["peak_rss_bytes"] / x["peak_rss_bytes"]
+                    row["speed_ratio_blockwise_over_xla"] = x["median_s"] / b["median_s"]
+                log(f"[sweep] {json.dumps(row)}")
+                rows.append(row)
+    result = {"bench": "attention_memory_sweep", "rows": rows, "host_cpu": host_cpu(), "cpu_count": os.cpu_count(),
+              "jax_version": jax.__version__, "device": jax.default_backend()}
+    print(json.dumps(result))
+    return result
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.sweep:
+        return sweep(args)
     if args.threads is not None:
         # Pin the whole process to one core before the CPU backend starts: XLA sizes its thread
         # pool from the affinity mask (XLA_FLAGS such as --xla_cpu_multi_thread_eigen=false do not
@@ -176,8 +245,8 @@ def main(argv=None) -> dict:
     if args.attn == "cudnn" and (backend != "gpu" or dtype == "float32"):
         raise SystemExit(f"--attn cudnn: needs a GPU backend and --dtype bfloat16 (have {backend}, {dtype})")
     cfg = preset(args.shape, dtype=DTypePolicy(dtype, dtype), remat=args.remat)
-    if args.seq > cfg.max_position_embeddings:
-        raise SystemExit(f"--seq={args.seq}: exceeds {args.shape}'s max_position_embeddings={cfg.max_position_embeddings}")
+    # random weights: a preset's position limit is raised to --seq rather than refused
+    cfg = cfg.replace(max_position_embeddings=max(cfg.max_position_embeddings, args.seq))
     dev = jax.devices()[0]
     log(
         f"[jax] {args.shape} ({cfg.num_params() / 1e6:.1f}M params) batch={args.batch} seq={args.seq} "
@@ -194,15 +263,34 @@ def main(argv=None) -> dict:
     tokens = jax.random.randint(key_t, (args.batch, args.seq), 0, cfg.vocab_size, dtype=jnp.int32)
     log(f"[jax] init_params in {init_s:.1f}s")
 
-    fn = jax.jit(lambda p, t: token_logprobs(p, t, config=cfg, attn_impl=args.attn, chunk_size=args.chunk))
+    def logprobs(p, t):
+        return token_logprobs(p, t, config=cfg, attn_impl=args.attn, chunk_size=args.chunk)
+
+    fn = jax.jit(jax.grad(lambda p, t: jnp.sum(logprobs(p, t))) if args.backward else logprobs)
     t0 = time.perf_counter()
     compiled = fn.lower(params, tokens).compile()
     compile_s = time.perf_counter() - t0
-    log(f"[jax] compiled in {compile_s:.1f}s")
+    planned = planned_bytes(compiled)
+    log(f"[jax] compiled in {compile_s:.1f}s; planned memory {planned / 2**30:.3f} GiB")
+    result = {
+        "bench": "teacher_forced_logprobs" + ("_backward" if args.backward else ""),
+        "backward": args.backward,
+        "planned_bytes": planned,
+        "device": f"{backend}:{dev.device_kind}",
+        "shape": args.shape,
+        "batch": args.batch,
+        "seq": args.seq,
+        "attn_impl": args.attn,
+    }
+    if planned > args.max_run_gb * 2**30:
+        log(f"[jax] not run: planned {planned / 2**30:.1f} GiB > --max-run-gb={args.max_run_gb}")
+        result.update(ran=False, peak_rss_bytes=peak_rss_bytes())
+        print(json.dumps(result))
+        return result
 
     logp = compiled(params, tokens)
-    logp.block_until_ready()
-    times, cpu = time_calls(lambda: compiled(params, tokens).block_until_ready(), args.warmup, args.iters)
+    jax.block_until_ready(logp)
+    times, cpu = time_calls(lambda: jax.block_until_ready(compiled(params, tokens)), args.warmup, args.iters)
     med = statistics.median(times)
     ours = args.batch * args.seq / med
     log(
@@ -210,8 +298,9 @@ def main(argv=None) -> dict:
         f"{statistics.median(cpu) * 1e3:.2f} ms CPU/call)"
     )
 
-    result = {
-        "bench": "teacher_forced_logprobs",
+    result.update({
+        "ran": True,
+        "peak_rss_bytes": peak_rss_bytes(),
         "teacher_forced_tokens_per_s": ours,
         "device": f"{backend}:{dev.device_kind}",
         "device_count": jax.device_count(),
@@ -235,10 +324,10 @@ def main(argv=None) -> dict:
         "init_s": init_s,
         "jax_version": jax.__version__,
         "jaxlib_version": getattr(__import__("jaxlib"), "__version__", None),
-    }
+    })
 
     want_torch = None
-    if backend == "cpu" and not args.no_torch:
+    if backend == "cpu" and not args.no_torch and not args.backward and args.attn != "blockwise":
         want_torch = "cpu"
     elif backend == "gpu" and args.torch_gpu:
         want_torch = "cuda"

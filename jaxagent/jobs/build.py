@@ -45,12 +45,12 @@ def model_config(cfg: RunConfig, vocab_size: int) -> QwenConfig:
     dtype = DTypePolicy(m.param_dtype, m.dtype)
     if m.path is not None:
         hf = json.loads((Path(m.path) / "config.json").read_text())
-        return QwenConfig.from_hf_dict(hf, dtype=dtype, remat=m.remat)
+        return QwenConfig.from_hf_dict(hf, dtype=dtype, remat=m.remat, attn_impl=m.attn_impl)
     overrides = {f: getattr(m, f) for f in ("hidden_size", "num_hidden_layers", "intermediate_size",
                                             "num_attention_heads", "num_key_value_heads", "head_dim",
                                             "initializer_range")
                  if getattr(m, f) is not None}
-    return preset(m.preset, vocab_size=-(-vocab_size // 64) * 64, dtype=dtype, remat=m.remat,
+    return preset(m.preset, vocab_size=-(-vocab_size // 64) * 64, dtype=dtype, remat=m.remat, attn_impl=m.attn_impl,
                   max_position_embeddings=max(cfg.rollout.capacity, 2048), **overrides)
 
 
@@ -58,10 +58,15 @@ def build_model(cfg: RunConfig, tok: Tokenizer, rules: LogicalRules) -> tuple[Qw
     """The policy: the checkpoint (or the preset's random weights) and, with ``model.lora.rank``, a
     fresh LoRA adapter at ``params["lora"]`` (the config's ``lora`` set: jobs then train it alone)."""
     m = cfg.model
+    if m.attn_impl == "cudnn" and (jax.default_backend() != "gpu" or m.dtype == "float32"):
+        raise configlib.ConfigError(
+            f"model.attn_impl='cudnn': needs a GPU backend and model.dtype=bfloat16 (have {jax.default_backend()}, "
+            f"{m.dtype}); use 'xla' or 'blockwise'")
     if m.path is not None:
         if (Path(m.path) / "config.json").is_file():  # else load_pretrained names what is missing
             check_vocab(cfg, tok, model_config(cfg, tok.vocab_size))
-        qcfg, params = load_pretrained(m.path, dtype=DTypePolicy(m.param_dtype, m.dtype), rules=rules, remat=m.remat)
+        qcfg, params = load_pretrained(m.path, dtype=DTypePolicy(m.param_dtype, m.dtype), rules=rules, remat=m.remat,
+                                       attn_impl=m.attn_impl)
     else:
         qcfg = model_config(cfg, tok.vocab_size)
         params = init_params_sharded(jax.random.key(m.init_seed), qcfg, rules)

@@ -1,4 +1,5 @@
-"""Attention: the "which keys may each query see" structure and two implementations.
+"""Attention: the "which keys may each query see" structure and three implementations (plain
+XLA, cuDNN's fused kernel, and `jaxagent.models.blockwise`: memory linear in L).
 
 Shapes: B batch, L query length, S key length, N query heads, K key/value heads (GQA: N % K == 0),
 G = N // K, H head dim.
@@ -22,7 +23,9 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-AttnImpl = Literal["xla", "cudnn", "auto"]
+from jaxagent.models.blockwise import attention_blockwise
+
+AttnImpl = Literal["xla", "cudnn", "blockwise", "auto"]
 _NEG = -1e30  # finite, so fully-masked rows stay finite
 # The XLA path's causal key skipping: query blocks of at least this size, at most this many
 # blocks (each block is a separately shaped matmul, unrolled in the compiled program).
@@ -116,14 +119,18 @@ def attention_xla_causal_blocks(
     return jnp.concatenate(outs, axis=1)
 
 
-def resolve_impl(impl: AttnImpl, dtype) -> Literal["xla", "cudnn"]:
-    """``auto`` picks cudnn on a GPU for 16-bit compute, else XLA."""
-    if impl not in ("xla", "cudnn", "auto"):
-        raise ValueError(f"attn_impl={impl!r}: expected 'xla', 'cudnn' or 'auto'")
+def resolve_impl(impl: AttnImpl, dtype) -> Literal["xla", "cudnn", "blockwise"]:
+    """``auto`` picks cudnn on a GPU for 16-bit compute, blockwise on a CPU (less memory and
+    faster than XLA from 1k tokens up, docs/BENCHMARKS.md), else XLA."""
+    if impl not in ("xla", "cudnn", "blockwise", "auto"):
+        raise ValueError(f"attn_impl={impl!r}: expected 'xla', 'cudnn', 'blockwise' or 'auto'")
     if impl != "auto":
         return impl
+    backend = jax.default_backend()
+    if backend == "cpu":
+        return "blockwise"
     is_16bit = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-    return "cudnn" if jax.default_backend() == "gpu" and is_16bit else "xla"
+    return "cudnn" if backend == "gpu" and is_16bit else "xla"
 
 
 def attention(
@@ -141,11 +148,17 @@ def attention(
 
     ``impl="cudnn"`` calls `jax.nn.dot_product_attention` with the fused cuDNN kernel (GPU,
     fp16/bf16 only): a pure causal structure uses its built-in causal mask, anything else passes
-    the boolean structure as ``mask``. Returns [B, L, N, H] in the dtype of ``q``.
+    the boolean structure as ``mask``. ``impl="blockwise"`` walks [512, 512] query x key blocks
+    with an online softmax and a recomputing backward (`attention_blockwise`): no L x S scores,
+    any backend. Returns [B, L, N, H] in the dtype of ``q``.
     """
     B, L = q_BLNH.shape[:2]
     S = k_BSKH.shape[1]
     impl = resolve_impl(impl, q_BLNH.dtype)
+    if impl == "blockwise":
+        return attention_blockwise(
+            q_BLNH, k_BSKH, v_BSKH, scale=scale, causal=causal, segment_ids_BL=segment_ids_BL, mask_BLS=mask_BLS
+        )
     if impl == "cudnn":
         if segment_ids_BL is None and mask_BLS is None and L == S:
             return jax.nn.dot_product_attention(

@@ -157,6 +157,9 @@ class QwenConfig:
     eos_token_id: int | tuple[int, ...] | None = None
     dtype: DTypePolicy = DTypePolicy()
     remat: RematPolicy = "none"
+    # The attention implementation when a call does not name one (`jaxagent.models.attention`):
+    # "xla", "cudnn", "blockwise" or "auto". A compute choice, not part of the HF config.json.
+    attn_impl: str = "xla"
     # A LoRA adapter at params["lora"] (None: none). Not part of the HF config.json (`to_hf_dict`).
     lora: LoraSpec | None = None
 
@@ -189,6 +192,8 @@ class QwenConfig:
         _require(self.rope_theta > 0, "rope_theta", self.rope_theta, "a positive number")
         _require(self.rms_norm_eps > 0, "rms_norm_eps", self.rms_norm_eps, "a positive number")
         _require(self.remat in ("none", "full", "dots"), "remat", self.remat, "'none', 'full' or 'dots'")
+        _require(self.attn_impl in ("xla", "cudnn", "blockwise", "auto"), "attn_impl", self.attn_impl,
+                 "'xla', 'cudnn', 'blockwise' or 'auto'")
         _require(self.lora is None or isinstance(self.lora, LoraSpec), "lora", self.lora, "a LoraSpec or None")
         rs = self.rope_scaling
         _require(

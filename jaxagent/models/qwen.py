@@ -281,14 +281,15 @@ def hidden_states(
     segment_ids_BL: jax.Array | None = None,
     mask_BLS: jax.Array | None = None,
     causal: bool = True,
-    attn_impl: AttnImpl = "xla",
+    attn_impl: AttnImpl | None = None,
     rules: LogicalRules | None = None,
     dropout_key: jax.Array | None = None,
 ) -> jax.Array:
     """Final-norm hidden states [B, L, D] in the compute dtype.
 
     ``positions_BL`` default to 0..L-1 per row; see `jaxagent.models.attention` for the
-    attention structure (``causal``, ``segment_ids_BL`` with 0 = padding, ``mask_BLS``).
+    attention structure (``causal``, ``segment_ids_BL`` with 0 = padding, ``mask_BLS``) and its
+    implementations (``attn_impl``; None: ``config.attn_impl``).
     With ``config.lora`` the adapter at ``params["lora"]`` is applied inside every layer;
     ``dropout_key`` (training) draws its dropout (None: no dropout, evaluation).
     """
@@ -303,7 +304,8 @@ def hidden_states(
     cos, sin = rope_tables(positions_BL, config, dt)
 
     layer = functools.partial(
-        _decoder_layer, config=config, causal=causal, attn_impl=attn_impl, rules=rules
+        _decoder_layer, config=config, causal=causal, attn_impl=config.attn_impl if attn_impl is None else attn_impl,
+        rules=rules
     )
     if config.remat == "full":
         layer = jax.checkpoint(layer)
@@ -332,7 +334,7 @@ def forward(
     segment_ids_BL: jax.Array | None = None,
     mask_BLS: jax.Array | None = None,
     causal: bool = True,
-    attn_impl: AttnImpl = "xla",
+    attn_impl: AttnImpl | None = None,
     rules: LogicalRules | None = None,
     dropout_key: jax.Array | None = None,
 ) -> jax.Array:
@@ -456,7 +458,7 @@ def token_logprobs(
     segment_ids_BL: jax.Array | None = None,
     mask_BLS: jax.Array | None = None,
     causal: bool = True,
-    attn_impl: AttnImpl = "xla",
+    attn_impl: AttnImpl | None = None,
     rules: LogicalRules | None = None,
     chunk_size: int = 512,
     return_entropy: bool = False,

@@ -162,7 +162,7 @@ def _reference_scorer(config: QwenConfig, attn_impl: str, sharding: NamedShardin
 
 
 def reference_logps(params, config: QwenConfig, pairs: Sequence[PairTokens], batch_size: int, *,
-                    multiple: int = 64, attn_impl: str = "xla",
+                    multiple: int = 64, attn_impl: str | None = None,
                     sharding: NamedSharding | None = None) -> np.ndarray:
     """The frozen reference's summed completion log-probs: float32 [P, 2] (column 0 chosen, 1
     rejected), pair order. One jitted forward per ``batch_size`` pairs (chosen and rejected rows
@@ -204,7 +204,7 @@ def _check_ref(ref: np.ndarray, P: int) -> None:
 
 # ----------------------------------------------------------------------------- the loss
 def dpo_loss_fn(config: QwenConfig, beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
-                *, attn_impl: str = "xla") -> LossFn:
+                *, attn_impl: str | None = None) -> LossFn:
     """The DPO / IPO loss of a `pair_batch` for `make_update` (``agg=DPO_AGG``): chosen and rejected
     rows scored in one [2B, L] forward, summed completion log-probs, `dpo_loss` per pair against
     the batch's ``ref_chosen`` / ``ref_rejected``, the ``weight``-weighted mean over pairs (all
@@ -347,7 +347,7 @@ def train_dpo(params, config: QwenConfig, pairs: Sequence[PairTokens], settings:
               ref_logps: np.ndarray | None = None,
               on_step: Callable[[int, TrainState], None] | None = None,
               multiple: int = 64,
-              attn_impl: str = "xla") -> tuple[Any, list[dict[str, float]]]:
+              attn_impl: str | None = None) -> tuple[Any, list[dict[str, float]]]:
     """DPO from ``params`` (the initial policy, also the frozen reference): returns the trained
     params and the history (one dict per update: ``step``, ``epoch`` and the update's metrics as
     floats, `dpo_loss_fn`'s and `make_update`'s).

@@ -42,7 +42,7 @@ def infogain_naive(
     config: QwenConfig,
     placeholder_mode: PlaceholderMode = "replace",
     minibatch: int = 8,
-    attn_impl: str = "xla",
+    attn_impl: str | None = None,
     temperature: float = 1.0,
 ) -> InfoGainOutput:
     """The reference procedure, on the host: for each valid turn, build the factual history
@@ -110,7 +110,7 @@ def compute_infogain(
     placeholder_mode: PlaceholderMode = "replace",
     factual_logp_BL: jax.Array | None = None,
     packed_len: int | None = None,
-    attn_impl: str = "xla",
+    attn_impl: str | None = None,
     row_chunk: int | None = None,
     temperature: float = 1.0,
     host: HostBatch | None = None,

@@ -252,7 +252,7 @@ def _all_finite(tree) -> jax.Array:
 
 # ----------------------------------------------------------------------------- scoring
 def sequence_scores(params, tokens_BL: jax.Array, *, config: QwenConfig, entropy: bool = False,
-                    attn_impl: str = "xla", row_chunk: int | None = None, temperature: float = 1.0,
+                    attn_impl: str | None = None, row_chunk: int | None = None, temperature: float = 1.0,
                     vocab_limit: int | None = None, dropout_key: jax.Array | None = None,
                     ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Teacher-forced log-probs [B, L] with entry t scoring token t (entry 0 is 0), and with
