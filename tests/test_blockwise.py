@@ -204,3 +204,44 @@ def test_auto_is_blockwise_on_a_cpu_cudnn_on_a_gpu_for_16_bit():
     from jaxagent.jobs.config import load_config
 
     assert load_config().model.attn_impl == "auto"  # what runs get unless they say otherwise
+
+
+def test_a_prefill_into_a_cache_with_blockwise_attention_equals_xla(monkeypatch):
+    """`extend` twice (rows of different lengths, then a second chunk on top): the logits of each
+    row's last new token and the cache agree with the XLA path; greedy decoding afterwards too."""
+    from jaxagent.models.generate import SamplingParams, extend, generate_from_prompts, init_cache
+
+    import sys
+
+    generate_module = sys.modules["jaxagent.models.generate"]
+    calls = []
+    monkeypatch.setattr(generate_module, "attention_blockwise",
+                        lambda *a, **k: calls.append(k["query_offset_B"].shape) or attention_blockwise(*a, **k))
+    params = jax.tree.map(lambda x: x * 4 if x.ndim > 1 else x, init_params(jax.random.key(0), CFG))
+    rng = np.random.default_rng(3)
+    first = jnp.asarray(rng.integers(1, 64, (3, 21)), jnp.int32)
+    second = jnp.asarray(rng.integers(1, 64, (3, 13)), jnp.int32)
+    n1, n2 = jnp.asarray([21, 7, 15]), jnp.asarray([13, 0, 9])
+    out = {}
+    for impl in ("xla", "blockwise"):
+        cfg = CFG.replace(attn_impl=impl)
+        cache = init_cache(cfg, 3, 48)
+        l1, cache = extend(params, cache, first, n1, config=cfg, window=40)
+        l2, cache = extend(params, cache, second, n2, config=cfg, window=40)
+        out[impl] = (l1, l2, cache)
+        assert bool(calls) == (impl == "blockwise")
+    (a1, a2, ac), (b1, b2, bc) = out["xla"], out["blockwise"]
+    np.testing.assert_allclose(b1, a1, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(np.asarray(b2)[[0, 2]], np.asarray(a2)[[0, 2]], atol=1e-4, rtol=0)  # row 1: no new token
+    # layer 0's keys and values come before any attention: equal; later layers' carry its rounding
+    np.testing.assert_array_equal(bc.k[0], ac.k[0])
+    np.testing.assert_allclose(bc.k, ac.k, atol=1e-4, rtol=0)  # |k| up to ~6 with these x4 weights
+    np.testing.assert_allclose(bc.v, ac.v, atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(bc.lengths, ac.lengths)
+    np.testing.assert_array_equal(out["xla"][2].lengths, [34, 7, 24])
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [9, 8], [10, 11, 12, 13, 14]]
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=6)
+    got, _ = generate_from_prompts(params, prompts, config=CFG.replace(attn_impl="blockwise"), sampling=sampling,
+                                   key=jax.random.key(0))
+    want, _ = generate_from_prompts(params, prompts, config=CFG, sampling=sampling, key=jax.random.key(0))
+    np.testing.assert_array_equal(got.tokens, want.tokens)

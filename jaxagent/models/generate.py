@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.models.attention import attention_xla
+from jaxagent.models.attention import attention_xla, resolve_impl
+from jaxagent.models.blockwise import attention_blockwise
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.lora import layer_inputs
 from jaxagent.models.qwen import (
@@ -106,6 +107,10 @@ def extend(
     capacity are dropped and not counted in ``lengths`` (a jitted function cannot raise: call
     `check_fits` on the host first).
 
+    With ``config.attn_impl`` blockwise (``auto`` on a CPU) a prefill (T > 1) attends block by
+    block (`attention_blockwise`), so a long prompt needs no [T, window] scores per head; a
+    one-token step uses the plain XLA attention either way.
+
     ``window`` (static, <= capacity) limits attention to the first ``window`` cache positions,
     so a step costs what the rows hold rather than what the cache could hold. The caller
     guarantees ``lengths[b] + n_new[b] <= window`` for every row whose logits it uses.
@@ -130,6 +135,7 @@ def extend(
     key_idx = jnp.arange(W, dtype=jnp.int32)
     allowed_BTW = key_idx[None, None, :] <= pos_BT[:, :, None]
     b_idx = jnp.arange(B)[:, None]
+    blockwise = T > 1 and resolve_impl(config.attn_impl, dt) == "blockwise"
 
     x = embed_tokens(params, tokens_BT, config=config, rules=rules)
     cos, sin = rope_tables(pos_BT, config, dt)
@@ -143,7 +149,10 @@ def extend(
         k_l, v_l = k_all[layer], v_all[layer]
         if W < S:
             k_l, v_l = k_l[:, :W], v_l[:, :W]
-        a = attention_xla(q, k_l, v_l, allowed_BTW, scale=config.head_dim**-0.5)
+        if blockwise:  # a long prefill: no [T, W] float32 scores per head
+            a = attention_blockwise(q, k_l, v_l, scale=config.head_dim**-0.5, causal=True, query_offset_B=start_B)
+        else:
+            a = attention_xla(q, k_l, v_l, allowed_BTW, scale=config.head_dim**-0.5)
         x = attention_output_and_mlp(x, a, lp, config=config, rules=rules)
         return (x, k_all, v_all), None
 
