@@ -12,8 +12,9 @@
 #   env: BENCH, SYN_TASKS, TOK, MODEL_FLAGS, DEMO_TASKS, TRAIN_TASKS, EVAL_FIRST, EVAL_TASKS, SEEDS, TEMP, FORKS,
 #        CAPACITY, MAX_LEN, WARM_EPOCHS, WARM_BATCH, DPO_LR, MICRO
 #   synthetic (defaults): scripts/qd_pipeline.sh runs/qd_synthetic
-#   2wiki, tiny: BENCH=2wiki TOK=tests/fixtures/tokenizer_qwen CAPACITY=8192 MAX_LEN=4096 MICRO=4 DEMO_TASKS=100 \
-#     WARM_EPOCHS=1 WARM_BATCH=4 TRAIN_TASKS=8 FORKS=4 EVAL_FIRST=300 EVAL_TASKS=20 SEEDS=1 scripts/qd_pipeline.sh runs/qd_2wiki
+#   2wiki, tiny (docs/QD.md, 33 min on 2 cores): BENCH=2wiki TOK=tests/fixtures/tokenizer_qwen CAPACITY=8192 \
+#     MAX_LEN=1280 MICRO=1 DEMO_TASKS=300 WARM_EPOCHS=10 WARM_BATCH=8 TRAIN_TASKS=8 FORKS=4 EVAL_FIRST=300 \
+#     EVAL_TASKS=20 SEEDS=1 scripts/qd_pipeline.sh runs/qd_2wiki_b
 set -euo pipefail
 OUT=${1:-runs/qd_synthetic}
 BENCH=${BENCH:-synthetic}

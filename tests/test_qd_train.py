@@ -152,7 +152,10 @@ def test_job_dpo_learns_the_stage_pairs_and_resumes_against_the_same_reference(t
     s = json.loads((tmp_path / "d2" / "summary.json").read_text())
     assert s["pairs_in_file"] == 18 and s["pairs_of_stage"] == s["pairs_trained"] == 6
     assert s["pairs_by_kind"] == {"ask_ask/gain": 6} and s["steps"] == 18
-    assert s["first"]["reward_margin"] == pytest.approx(0.0, abs=1e-6)  # the policy starts as its reference
+    # the policy starts as its reference: a margin of float32 rounding only (the reference is scored
+    # once over all pairs, the policy per batch: other padded lengths, so other attention blocks;
+    # measured 7.6e-6 with blockwise attention, 0 with XLA's), against > 0.5 after training
+    assert s["first"]["reward_margin"] == pytest.approx(0.0, abs=1e-4)
     assert s["final"]["reward_accuracy"] == 1.0 and s["final"]["reward_margin"] > 0.5
     ref = np.load(tmp_path / "d2" / "checkpoints" / "dpo_reference.npy")
     assert ref.shape == (6, 2) and (tmp_path / "d2" / "hf" / "config.json").exists()
