@@ -132,10 +132,10 @@ def extend(
     pos_BT = start_B[:, None] + t_idx[None, :]
     valid_BT = t_idx[None, :] < n_new_B[:, None]
     write_BT = jnp.where(valid_BT, pos_BT, S)  # S is out of bounds: the write is dropped
-    key_idx = jnp.arange(W, dtype=jnp.int32)
-    allowed_BTW = key_idx[None, None, :] <= pos_BT[:, :, None]
     b_idx = jnp.arange(B)[:, None]
     blockwise = T > 1 and resolve_impl(config.attn_impl, dt) == "blockwise"
+    # the XLA path's structure; the blockwise one builds it per block from the rows' offsets
+    allowed_BTW = None if blockwise else jnp.arange(W, dtype=jnp.int32)[None, None, :] <= pos_BT[:, :, None]
 
     x = embed_tokens(params, tokens_BT, config=config, rules=rules)
     cos, sin = rope_tables(pos_BT, config, dt)
