@@ -224,10 +224,10 @@ def check_processes(cfg: RunConfig) -> None:
     an endpoint) use no mesh: they run in one process."""
     import jax
 
-    if jax.process_count() > 1 and cfg.job in ("qd_eval", "qd_label", "qd_tau2"):
-        raise configlib.ConfigError(
-            f"job={cfg.job!r}: this launch is one of {jax.process_count()} processes; the Q&D evaluation and labelling "
-            "run in one process (mesh.distributed=false)")
+    if jax.process_count() > 1 and cfg.job in ("qd_eval", "qd_label", "qd_tau2", "serve"):
+        what = "a server runs" if cfg.job == "serve" else "the Q&D evaluation and labelling run"
+        raise configlib.ConfigError(f"job={cfg.job!r}: this launch is one of {jax.process_count()} processes; {what} "
+                                    "in one process (mesh.distributed=false)")
     if jax.process_count() > 1 and cfg.job == "eval" and cfg.eval.agent != "policy":
         raise configlib.ConfigError(
             f"eval.agent={cfg.eval.agent!r}: this launch is one of {jax.process_count()} processes, and a host agent "

@@ -217,3 +217,72 @@ def test_admission_does_not_depend_on_how_fast_sessions_come_back():
     slow_calls, slow_results = _admissions_and_results(0.01)
     assert slow_calls == calls
     assert slow_results == results
+
+
+def test_streamed_tokens_add_up_to_the_result_and_arrive_per_call():
+    sp = SamplingParams(temperature=1.0, max_new_tokens=11)
+    seen = []
+
+    async def main():
+        engine = GenerationEngine(PARAMS, CFG, slots=2, capacity=32, decode_steps=4)
+        res = await engine.generate("a", [1, 2, 3], sp, jax.random.key(3),
+                                    on_tokens=lambda toks, lps: seen.append((list(toks), list(lps))))
+        return res, engine.stats["engine_calls"]
+
+    res, calls = asyncio.run(main())
+    assert [t for toks, _ in seen for t in toks] == res.tokens
+    np.testing.assert_array_equal([v for _, lps in seen for v in lps], res.logp_policy)
+    assert [len(toks) for toks, _ in seen] == [4, 4, 3] and calls == 3  # one callback per engine call
+
+
+def test_a_cancelled_request_frees_its_lane_and_keeps_its_prefix():
+    long = SamplingParams(temperature=0.0, max_new_tokens=20)
+    short = SamplingParams(temperature=0.0, max_new_tokens=2)
+
+    async def main():
+        engine = GenerationEngine(PARAMS, CFG, slots=1, capacity=64, decode_steps=2)
+        got = []
+        task = asyncio.ensure_future(engine.generate("a", [1, 2, 3], long, jax.random.key(0),
+                                                     on_tokens=lambda t, _: got.extend(t)))
+        while len(got) < 4:
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # the only lane is free again: another session is served, then "a" comes back with what it had
+        other = await engine.generate("b", [4, 5], short, jax.random.key(1))
+        before = engine.stats["prefill_tokens"]
+        again = await engine.generate("a", [1, 2, 3] + got + [7], short, jax.random.key(2))
+        return got, other, again, engine.stats["prefill_tokens"] - before, engine
+
+    got, other, again, prefilled, engine = asyncio.run(main())
+    assert 4 <= len(got) < 20 and len(other.tokens) == 2 and len(again.tokens) == 2
+    assert all(r is None for r in engine.running) and not engine.pending
+    # "b" took the lane after the cancel (no park rows), so "a" comes back as a full prefill, and its
+    # tokens are a fresh engine's
+    ref = asyncio.run(GenerationEngine(PARAMS, CFG, slots=1, capacity=64).generate(
+        "z", [1, 2, 3] + got + [7], short, jax.random.key(2)))
+    assert again.tokens == ref.tokens and prefilled == len(got) + 4
+
+
+def test_a_cancelled_request_keeps_its_own_lane_for_the_next_turn():
+    long = SamplingParams(temperature=0.0, max_new_tokens=20)
+    short = SamplingParams(temperature=0.0, max_new_tokens=2)
+
+    async def main():
+        engine = GenerationEngine(PARAMS, CFG, slots=2, capacity=64, decode_steps=2)
+        got = []
+        task = asyncio.ensure_future(engine.generate("a", [1, 2, 3], long, jax.random.key(0),
+                                                     on_tokens=lambda t, _: got.extend(t)))
+        while len(got) < 4:
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        before = engine.stats["prefill_tokens"]
+        nxt = await engine.generate("a", [1, 2, 3] + got + [7, 8], short, jax.random.key(2))
+        return nxt, engine.stats["prefill_tokens"] - before
+
+    nxt, prefilled = asyncio.run(main())
+    assert prefilled == 2  # only the new tokens: the cancelled request's prompt and output stayed in its lane
+    assert len(nxt.tokens) == 2

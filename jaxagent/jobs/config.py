@@ -29,7 +29,7 @@ from jaxagent.models.sharding import MeshConfig
 from jaxagent.train.rl import RLSettings
 from jaxagent.train.step import OptimSettings
 
-JOBS = ("sft", "rl", "sft+rl", "eval", "qd_eval", "qd_label", "dpo", "qd_tau2")
+JOBS = ("sft", "rl", "sft+rl", "eval", "qd_eval", "qd_label", "dpo", "qd_tau2", "serve")
 GYM_NAMES = ("intention", "telepathy", "function", "preference")
 BUILTIN_TOKENIZER = "builtin:gyms"
 
@@ -314,6 +314,51 @@ class CheckpointSection:
         _at_least("keep", self.keep, 1, what="an integer >= 1 (checkpoints kept; resume needs one)")
 
 
+@dataclasses.dataclass(frozen=True)
+class ServeSection:
+    """``job=serve``: the policy behind an OpenAI-compatible HTTP API (docs/SERVING.md). The
+    engine's lanes, cache rows and decode steps are ``rollout.slots``, ``rollout.capacity``,
+    ``rollout.park_rows`` and ``rollout.decode_steps``."""
+
+    host: str = _help("127.0.0.1", "the address to bind (0.0.0.0 exposes the server: set api_key_env too)")
+    port: int = _help(8000, "the port (0: a free one, printed at start)")
+    api_key_env: str | None = _help(
+        None, "the NAME of an environment variable holding the bearer token every /v1 request must carry (null: none)")
+    model_name: str | None = _help(None, "the model id clients name (null: the checkpoint or run directory's name, "
+                                         "or the preset's)")
+    run: str | None = _help(None, "a run directory: serve its final policy (<run>/hf, its tokenizer included) "
+                                  "instead of model.path")
+    adapter: str | None = _help(None, "a PEFT LoRA adapter directory (e.g. <run>/adapter) applied to model.path")
+    max_tokens: int = _help(512, "a request without max_tokens generates at most this many (and what fits)")
+    max_n: int = _help(8, "the largest n (choices per request)")
+    max_queue: int = _help(64, "choices that may wait for a lane; beyond them a request gets 429 with Retry-After")
+    retry_after_s: int = _help(1, "the Retry-After of a 429")
+    request_timeout_s: float = _help(600.0, "a request running longer is cancelled and answered 504")
+    shutdown_timeout_s: float = _help(30.0, "on SIGINT/SIGTERM, seconds in-flight requests get to finish")
+    warmup: bool = _help(False, "compile every engine shape before listening (slower start, no compile on a "
+                                "first request)")
+
+    def __post_init__(self) -> None:
+        import re
+
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host={self.host!r}: expected an address such as 127.0.0.1")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port={self.port}: expected an integer in [0, 65535] (0: a free port)")
+        if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
+            # never echo it: a key pasted here by mistake must not reach logs
+            raise ValueError("api_key_env=<not shown>: expected null or the NAME of an environment variable "
+                             "([A-Za-z_][A-Za-z0-9_]*), not the key itself")
+        for f in ("max_tokens", "max_n"):
+            _at_least(f, getattr(self, f), 1)
+        for f in ("max_queue", "retry_after_s"):
+            _at_least(f, getattr(self, f), 0)
+        for f in ("request_timeout_s", "shutdown_timeout_s"):
+            _number_in(f, getattr(self, f), lo=0.0, lo_open=True, what="a finite number of seconds > 0")
+        if self.model_name is not None and not self.model_name.strip():
+            raise ValueError(f"model_name={self.model_name!r}: expected a non-empty name or null")
+
+
 QUESTIONERS = ("scripted", "never_ask", "policy", "endpoint")
 
 
@@ -420,7 +465,7 @@ class QDSection:
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     name: str = _help("quickstart", "runs/<name>/ holds everything the run writes")
-    job: Literal["sft", "rl", "sft+rl", "eval", "qd_eval", "qd_label", "dpo", "qd_tau2"] = "sft+rl"
+    job: Literal["sft", "rl", "sft+rl", "eval", "qd_eval", "qd_label", "dpo", "qd_tau2", "serve"] = "sft+rl"
     runs_dir: str = "runs"
     seed: int = 0
     steps: int = _help(32, "RL iterations")
@@ -457,6 +502,7 @@ class RunConfig:
     eval: EvalSection = _field(default_factory=lambda: EvalSection(tasks=64, every=0))
     checkpoint: CheckpointSection = _field(default_factory=CheckpointSection)
     qd: QDSection = _field(default_factory=QDSection)
+    serve: ServeSection = _field(default_factory=ServeSection)
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -497,6 +543,12 @@ class RunConfig:
         if self.sft.data is not None and self.job != "sft":
             raise ValueError(f"sft.data={self.sft.data!r}: rows train in job=sft (got job={self.job!r}); expected "
                              "job=sft, or sft.data=null")
+        if self.job == "serve" and self.serve.run is not None and self.model.path is not None:
+            raise ValueError(f"serve.run={self.serve.run!r}: the run's final policy is served; expected model.path=null "
+                             f"(got {self.model.path!r})")
+        if self.serve.adapter is not None and (self.job != "serve" or self.model.path is None):
+            raise ValueError(f"serve.adapter={self.serve.adapter!r}: an adapter is applied to model.path in job=serve; "
+                             "expected job=serve and model.path set (the adapter's base)")
         if self.job == "qd_tau2" and self.env.kind != "tau2_retail":
             raise ValueError(f"job='qd_tau2': the Q&D loop inside a tau2 retail agent; expected env.kind='tau2_retail' "
                              f"(got {self.env.kind!r})")
@@ -585,6 +637,8 @@ def default_name(cfg: RunConfig) -> str:
         return f"{cfg.job}-{cfg.qd.benchmark}"
     if cfg.job == "qd_tau2":
         return "qd_tau2-retail"
+    if cfg.job == "serve":
+        return "serve"
     if (cfg.job, cfg.env.kind, cfg.env.gym) == ("sft+rl", "gym", "intention"):
         return "quickstart"
     return f"{cfg.job}-{env}"
@@ -602,5 +656,5 @@ def load_config(path: str | Path | None = None, overrides=()) -> RunConfig:
 
 
 __all__ = ["BUILTIN_TOKENIZER", "GYM_NAMES", "JOBS", "CheckpointSection", "EnvSection", "EvalSection",
-           "ModelSection", "QDSection", "QDTau2Section", "RolloutSection", "RunConfig", "SFTSection", "Tau2Section", "check_timeout", "default_name",
+           "ModelSection", "QDSection", "QDTau2Section", "RolloutSection", "RunConfig", "SFTSection", "ServeSection", "Tau2Section", "check_timeout", "default_name",
            "env_max_reward", "episode_timeout_s", "load_config", "simulator_budget_s", "simulator_clients"]

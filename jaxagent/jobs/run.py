@@ -62,6 +62,10 @@ def run_job(cfg: RunConfig) -> dict[str, Any]:
         from jaxagent.jobs.qd_tau2 import run_qd_tau2
 
         return run_qd_tau2(cfg)
+    if cfg.job == "serve":  # the policy behind an OpenAI-compatible API, until SIGINT/SIGTERM
+        from jaxagent.jobs.serve import run_serve
+
+        return run_serve(cfg)
     if cfg.job == "qd_label":  # forks labelled by their consequences
         from jaxagent.jobs.qd_label import run_qd_label
 

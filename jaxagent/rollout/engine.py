@@ -69,6 +69,8 @@ class _Request:
     prefill_tokens: int = 0
     ready: int = 0  # the first call boundary at which it may be admitted
     seq: int = 0  # arrival order
+    on_tokens: Callable[[list[int], list[float]], None] | None = None  # each call's new tokens, log-probs
+    told: int = 0  # tokens of ``out`` passed to on_tokens so far
 
 
 # The fewest new tokens a prefill call is shaped for (a turn's few tokens pad to it: fewer shapes to compile).
@@ -227,8 +229,14 @@ class GenerationEngine:
         jax.block_until_ready(self.cache)
 
     async def generate(self, session: str, prompt: list[int], sampling: SamplingParams,
-                       key: jax.Array) -> EngineResult:
-        """Generates a continuation of ``prompt`` (the session's whole conversation so far)."""
+                       key: jax.Array, *, on_tokens: Callable[[list[int], list[float]], None] | None = None) -> EngineResult:
+        """Generates a continuation of ``prompt`` (the session's whole conversation so far).
+
+        ``on_tokens`` (streaming) is called on the event loop after every engine call that gave
+        the request new tokens, with those tokens and their log-probabilities under the policy
+        (``logp_policy``), before the result is set. Cancelling the
+        awaiting task cancels the request: at the next call boundary its lane is freed (its
+        session keeps the prefix it reached, for a later turn) and nothing more is decoded for it."""
         sampling.validate(self.config.vocab_size)
         if not prompt:
             raise ValueError(f"session {session!r}: empty prompt; expected at least one token")
@@ -240,11 +248,18 @@ class GenerationEngine:
             self._wake = asyncio.Event()
             self._task = loop.create_task(self._run())
         req = _Request(session, list(prompt), sampling, np.asarray(jax.random.key_data(key), np.uint32),
-                       loop.create_future(), ready=self._delivered.pop(session, -1) + 1, seq=self._seq)
+                       loop.create_future(), ready=self._delivered.pop(session, -1) + 1, seq=self._seq,
+                       on_tokens=on_tokens)
         self._seq += 1
         self.pending.append(req)
         self._wake.set()
-        return await req.future
+        try:
+            return await req.future
+        except asyncio.CancelledError:
+            req.future.cancel()  # the engine drops it at the next call boundary (`_drop_cancelled`)
+            if self._wake is not None:
+                self._wake.set()
+            raise
 
     def set_params(self, params: Params) -> None:
         """New policy weights (after an update): every cached prefix was computed with the old
@@ -284,6 +299,18 @@ class GenerationEngine:
             if not any(b == self._boundary - 1 for b in self._delivered.values()):
                 return
             await asyncio.sleep(0)
+
+    def _drop_cancelled(self) -> None:
+        """Requests whose caller went away (a cancelled future, or a failed ``on_tokens``): a pending one is forgotten; a
+        running one frees its lane, which keeps the tokens its cache holds (the prompt and every
+        token decoded so far were all written: the row was still alive), so the session's next
+        turn reuses them."""
+        self.pending = [r for r in self.pending if not r.future.done()]
+        for s, req in enumerate(self.running):
+            if req is not None and req.future.done():  # cancelled, or its on_tokens failed
+                self.held[s] = req.prompt + req.out
+                self.running[s] = None
+                self.lru[req.session] = s
 
     def _apply_releases(self) -> None:
         due = [s for s, b in self._deferred if b < self._boundary]
@@ -427,6 +454,19 @@ class GenerationEngine:
                 self.running[s] = None
         return finished
 
+    def _tell(self, finished: list[_Request]) -> None:
+        """Streaming: passes each request's tokens decoded by the call that just returned to its
+        ``on_tokens`` (running and just finished requests alike; a callback's error fails only its
+        own request)."""
+        for req in list(self.running) + finished:
+            if req is None or req.on_tokens is None or req.told >= len(req.out) or req.future.done():
+                continue
+            new, lpp, req.told = req.out[req.told:], req.lpp[req.told:], len(req.out)
+            try:
+                req.on_tokens(new, lpp)
+            except Exception as e:
+                req.future.set_exception(e)
+
     async def _run(self):
         try:
             await self._serve()
@@ -452,6 +492,7 @@ class GenerationEngine:
         loop = asyncio.get_running_loop()
         while True:
             await self._settle()
+            self._drop_cancelled()
             self._apply_releases()
             admitted = self._admit()
             if not admitted and not any(self.running):
@@ -469,6 +510,7 @@ class GenerationEngine:
                 self._stepping = False
             self.stats["device_s"] += loop.time() - t0
             self._boundary += 1
+            self._tell([req for req, _, _ in finished])
             for req, stop, truncated in finished:
                 self.lru[req.session] = req.slot
                 self._delivered[req.session] = self._boundary

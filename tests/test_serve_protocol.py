@@ -1,0 +1,195 @@
+"""The server's pure parts: request validation (every refusal names its field), the streamed text
+split (deltas add up to the final split, whatever the chunking), stop strings, the session index."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxagent.serve.protocol import APIError, parse_chat, parse_completion
+from jaxagent.serve.server import MIN_REUSE, SessionIndex
+from jaxagent.serve.streaming import TextStream, _held_tail, cut_at_stop, visible
+from jaxagent.text.toolcalls import parse_assistant
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def refused(body, param, *, completion=False, status=400):
+    with pytest.raises(APIError) as e:
+        if completion:
+            parse_completion(body, max_n=4, vocab_size=100)
+        else:
+            parse_chat(body, max_n=4)
+    assert e.value.status == status
+    assert e.value.param == param, e.value.message
+    assert e.value.body()["error"]["param"] == param and e.value.body()["error"]["type"] == "invalid_request_error"
+    return e.value.message
+
+
+def test_a_chat_request_is_read_with_openai_defaults():
+    req = parse_chat(CHAT, max_n=4)
+    s = req.sampling
+    assert (s.temperature, s.top_p, s.max_tokens, s.n, s.stop, s.seed, s.stream) == (1.0, 1.0, None, 1, (), None, False)
+    assert req.messages == ({"role": "user", "content": "hi"},) and req.tools == () and not req.parse_tools
+    body = {**CHAT, "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"},
+                                                                   {"type": "text", "text": "b"}]},
+                                 {"role": "assistant", "content": None, "tool_calls": [
+                                     {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                                 {"role": "tool", "tool_call_id": "c", "content": "ok"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "temperature": 0,
+            "max_completion_tokens": 7, "max_tokens": 9, "stop": "x", "n": 2, "seed": 3, "stream": True,
+            "stream_options": {"include_usage": True}, "user": "ignored", "parallel_tool_calls": True}
+    req = parse_chat(body, max_n=4)
+    assert req.messages[0] == {"role": "system", "content": "ab"}
+    assert req.messages[1]["tool_calls"][0]["function"]["name"] == "f" and req.messages[2]["tool_call_id"] == "c"
+    assert req.parse_tools and len(req.tools) == 1
+    s = req.sampling
+    assert (s.temperature, s.max_tokens, s.stop, s.n, s.seed, s.stream, s.include_usage) == (0.0, 7, ("x",), 2, 3,
+                                                                                               True, True)
+    assert parse_chat({**body, "tool_choice": "none"}, max_n=4).tools == ()
+
+
+@pytest.mark.parametrize("change, param", [
+    ({"model": ""}, "model"), ({"messages": []}, "messages"), ({"messages": "hi"}, "messages"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content[0]"),
+    ({"temperature": 2.5}, "temperature"), ({"temperature": "hot"}, "temperature"), ({"temperature": True},
+                                                                                      "temperature"),
+    ({"top_p": 0}, "top_p"), ({"max_tokens": 0}, "max_tokens"), ({"max_completion_tokens": 1.5},
+                                                                 "max_completion_tokens"),
+    ({"n": 5}, "n"), ({"n": 0}, "n"), ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"stop": [""]}, "stop"),
+    ({"seed": "s"}, "seed"), ({"stream": "yes"}, "stream"), ({"stream_options": {"include_usage": True}},
+                                                              "stream_options"),
+    ({"tools": {"name": "f"}}, "tools"), ({"tools": [{"type": "function", "function": {}}]}, "tools[0]"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"presence_penalty": 0.5}, "presence_penalty"), ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"top_logprobs": 3, "logprobs": True}, "top_logprobs"), ({"logprobs": True, "stream": True}, "logprobs"),
+    ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
+])
+def test_a_bad_chat_field_is_refused_by_name(change, param):
+    message = refused({**CHAT, **change}, param)
+    assert message.startswith(param) and "expected" in message
+
+
+def test_a_body_that_is_not_an_object_is_refused():
+    with pytest.raises(APIError, match="JSON object"):
+        parse_chat([1, 2], max_n=4)
+
+
+def test_completion_prompts_in_every_openai_form():
+    ask = {"model": "m"}
+    assert parse_completion({**ask, "prompt": "a"}, max_n=4, vocab_size=100).prompts == ("a",)
+    assert parse_completion({**ask, "prompt": ["a", "b"]}, max_n=4, vocab_size=100).prompts == ("a", "b")
+    assert parse_completion({**ask, "prompt": [1, 2]}, max_n=4, vocab_size=100).prompts == ((1, 2),)
+    got = parse_completion({**ask, "prompt": [[1], [2, 3]], "logprobs": 0}, max_n=4, vocab_size=100)
+    assert got.prompts == ((1,), (2, 3)) and got.sampling.logprobs
+    assert got.sampling.max_tokens == 16  # OpenAI's default for /v1/completions
+    for prompt in ([], "", [1, "a"], [[]], {"p": 1}, None):
+        refused({**ask, "prompt": prompt}, "prompt", completion=True)
+    refused({**ask, "prompt": [100]}, "prompt", completion=True)  # outside the vocabulary
+    refused({**ask, "prompt": "a", "echo": True}, "echo", completion=True)
+    refused({**ask, "prompt": "a", "logprobs": 5}, "logprobs", completion=True)
+    refused({**ask, "prompt": "a", "suffix": "z"}, "suffix", completion=True)
+
+
+# ----------------------------------------------------------------------------- the streamed split
+def test_visible_by_hand():
+    text = "<think>\nplan\n</think>\n\nHello <tool_call>\n{}\n</tool_call>"
+    assert visible(text, thinking=True, opened=False, tools=True, final=True) == \
+        type(visible("", thinking=False, opened=False, tools=False))("plan", "Hello", True)
+    # a tail that may become a marker is held back until the next token decides it
+    assert visible("Hi <tool_", thinking=True, opened=False, tools=True).content == "Hi"
+    assert visible("Hi <tool_", thinking=True, opened=False, tools=True, final=True).content == "Hi <tool_"
+    assert visible("<thi", thinking=True, opened=False, tools=False) == visible("", thinking=True, opened=False,
+                                                                                  tools=False)
+    # the prompt opened the thinking block: everything before </think> is reasoning
+    assert visible("plan\n</think>\n\nok", thinking=True, opened=True, tools=False).reasoning == "plan"
+    assert visible("still planning", thinking=True, opened=True, tools=False).content == ""
+    # without tools, a <tool_call> is content like any text
+    assert visible("a <tool_call>x", thinking=False, opened=False, tools=False, final=True).content == "a <tool_call>x"
+
+
+def test_held_tail_against_a_naive_scan():
+    markers = ("<think>", "</think>", "<tool_call>", "STOP")
+    for text in ["", "abc<", "abc</th", "x<tool_cal", "STO", "<think>", "a</think", "S"]:
+        naive = max([k for m in markers for k in range(1, len(m)) if text.endswith(m[:k])], default=0)
+        assert _held_tail(text, markers) == naive
+
+
+@given(st.text(alphabet="ab <>/\nthinkoolcaSTOP", max_size=40), st.lists(st.sampled_from(["ST", "ab", "<"]), max_size=2))
+def test_cut_at_stop_is_the_earliest_occurrence(text, stop):
+    cut, hit = cut_at_stop(text, tuple(stop))
+    positions = [text.find(s) for s in stop if s in text]
+    assert hit == bool(positions)
+    assert cut == (text[:min(positions)] if positions else text)
+
+
+PIECES = ["<think>", "\n", "plan", " it", "</think>", "\n\n", "Hello", " world", " ", "<tool_call>", '{"name": "f", '
+          '"arguments": {}}', "</tool_call>", "STOP", "<", "tool", "_call>", "</", "think>", "x"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=14), st.booleans(), st.booleans(), st.booleans(),
+       st.lists(st.integers(1, 6), min_size=1, max_size=14))
+def test_streamed_deltas_add_up_to_the_final_split(pieces, opened, tools, with_stop, cuts):
+    """Whatever the chunking, the concatenated deltas equal `visible` of the final text (cut at a
+    stop string), and the final content/reasoning agree with `parse_assistant` up to whitespace."""
+    text = "".join(pieces)
+    stop = ("STOP",) if with_stop else ()
+    stream = TextStream(stop, thinking=True, opened=opened, tools=tools)
+    got_r, got_c, pos = "", "", 0
+    for k in cuts:
+        pos = min(len(text), pos + k)
+        r, c = stream.feed(text[:pos])
+        got_r, got_c = got_r + r, got_c + c
+        if stream.stopped:
+            break
+    if not stream.stopped:
+        r, c = stream.feed(text, final=True)
+        got_r, got_c = got_r + r, got_c + c
+    final, _ = cut_at_stop(text, stop)
+    assert stream.text == final
+    want = visible(final, thinking=True, opened=opened, tools=tools, final=True)
+    assert (got_r, got_c) == (want.reasoning, want.content)
+    if tools and not opened:
+        parsed = parse_assistant(final)
+        if parsed.ok and final.find("<tool_call>") == final.rfind("<tool_call>"):
+            assert (parsed.thinking or "").strip() == want.reasoning.strip()
+            assert parsed.content.startswith(want.content)
+
+
+def test_a_half_decoded_character_is_held_back():
+    stream = TextStream((), thinking=False, opened=False, tools=False)
+    assert stream.feed("caf\ufffd") == ("", "caf")
+    assert stream.feed("café") == ("", "é")
+
+
+# ----------------------------------------------------------------------------- sessions
+def test_the_session_index_reuses_the_longest_shared_prefix():
+    forgotten = []
+    idx = SessionIndex(2, forgotten.append)
+    base = list(range(100))
+    a = idx.acquire(base)
+    idx.release(a, base + [7, 8])
+    b = idx.acquire([5] * 40)  # shares nothing: a new session
+    assert b != a
+    idx.release(b, [5] * 40)
+    assert idx.acquire(base[:60] + [1000]) == a and idx.reused == 1  # a's cache holds 60 of its tokens
+    idx.release(a, base)
+    c = idx.acquire(base[: MIN_REUSE - 1] + [999] * 50)  # under MIN_REUSE shared tokens: not worth a lane
+    assert c not in (a, b)
+    idx.release(c, [1, 2, 3])
+    assert forgotten == [b]  # capacity 2: the oldest idle session is forgotten (and the engine told)
+    short = idx.acquire([1, 2])  # a prompt shorter than MIN_REUSE reuses a session holding all of it
+    assert short == c
+
+
+@given(st.lists(st.integers(0, 3), max_size=30), st.lists(st.integers(0, 3), max_size=30))
+def test_shared_prefix_against_a_loop(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    assert SessionIndex.shared(np.asarray(a, np.int64), np.asarray(b, np.int64)) == n
