@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -97,6 +98,7 @@ def extend(
     rules: LogicalRules | None = None,
     scan_unroll: int = 1,
     window: int | None = None,
+    layers: Sequence[Params] | None = None,
 ) -> tuple[jax.Array, KVCache]:
     """Appends ``tokens_BT[b, :n_new_B[b]]`` to row b of the cache (a prefill when the cache is
     empty) and returns the logits of each row's last new token [B, V] (float32) and the cache.
@@ -117,6 +119,12 @@ def extend(
 
     With ``config.lora`` the adapter at ``params["lora"]`` is applied in every layer (no dropout:
     decoding is evaluation); `jaxagent.models.lora.merge_lora` first makes each step cheaper.
+
+    ``layers`` (`split_layers` of ``params``, made outside the decode loop) runs the layers as an
+    unrolled Python loop over separate per-layer weights instead of a `jax.lax.scan` over the
+    stacked ones: inside a scan XLA copies each layer's weight slices out of the stacked arrays
+    on every call (on a CPU, a decode step's largest cost after the matmuls themselves). Same
+    computation, equal up to float32 rounding.
     """
     B, T = tokens_BT.shape
     S = cache.capacity
@@ -156,10 +164,18 @@ def extend(
         x = attention_output_and_mlp(x, a, lp, config=config, rules=rules)
         return (x, k_all, v_all), None
 
-    layers = jnp.arange(config.num_hidden_layers, dtype=jnp.int32)
-    (x, k_all, v_all), _ = jax.lax.scan(
-        body, (x, cache.k, cache.v), (layer_inputs(params, config), layers), unroll=scan_unroll
-    )
+    if layers is None:
+        layer_ids = jnp.arange(config.num_hidden_layers, dtype=jnp.int32)
+        (x, k_all, v_all), _ = jax.lax.scan(
+            body, (x, cache.k, cache.v), (layer_inputs(params, config), layer_ids), unroll=scan_unroll
+        )
+    else:
+        if len(layers) != config.num_hidden_layers:
+            raise ValueError(f"layers: {len(layers)} given, expected num_hidden_layers={config.num_hidden_layers}")
+        carry = (x, cache.k, cache.v)
+        for layer, lp in enumerate(layers):  # static layer index: the cache slices are static too
+            carry, _ = body(carry, (lp, layer))
+        x, k_all, v_all = carry
     last = jnp.clip(n_new_B - 1, 0, T - 1)
     h_last = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]  # [B, D]
     h_last = rms_norm(h_last, params["final_norm"], config.rms_norm_eps)
@@ -170,6 +186,15 @@ def extend(
         constrain(k_all, CACHE_AXES, rules), constrain(v_all, CACHE_AXES, rules), start_B + n_new_B.astype(jnp.int32)
     )
     return logits, new_cache
+
+
+def split_layers(params: Params, config: QwenConfig) -> list[Params]:
+    """The per-layer weights (and LoRA adapter) of ``params`` as a list of ``num_hidden_layers``
+    pytrees, for `extend`'s ``layers``. Inside a jitted function, made once before a decode loop,
+    this is one copy of the layer weights; XLA keeps each slice as its own buffer, so the loop's
+    matmuls read them in place."""
+    xs = layer_inputs(params, config)
+    return [jax.tree.map(lambda a, i=i: a[i], xs) for i in range(config.num_hidden_layers)]
 
 
 # ---------------------------------------------------------------------------- sampling
@@ -249,12 +274,39 @@ def sample(
     """Draws one token per row (never an id >= ``vocab_limit`` when given). Returns (token [B] int32, log-prob under the sampling
     distribution [B], log-prob under the raw policy softmax(logits) [B]), both float32.
 
-    Greedy rows take the argmax; their sampling log-prob is 0 (a point mass).
+    Greedy rows take the argmax; their sampling log-prob is 0 (a point mass). When every row is
+    greedy, no random numbers are drawn and no filter runs (a `jax.lax.cond`): drawing a [B, V]
+    Gumbel sample that greedy rows then ignore cost as much as the rest of a small model's step.
     """
+    return jax.lax.cond(
+        jnp.all(jnp.asarray(temperature_B) <= 0),
+        lambda: _sample_greedy(logits_BV, vocab_limit=vocab_limit),
+        lambda: _sample_any(logits_BV, keys_B, temperature_B, top_k_B, top_p_B, vocab_limit=vocab_limit),
+    )
+
+
+def _allowed_logits(logits_BV: jax.Array, vocab_limit: int | None) -> tuple[jax.Array, jax.Array]:
+    """(float32 logits, the same with ids >= ``vocab_limit`` at -inf)."""
     logits_BV = logits_BV.astype(jnp.float32)
     allowed = logits_BV
     if vocab_limit is not None and vocab_limit < logits_BV.shape[-1]:
         allowed = jnp.where(jnp.arange(logits_BV.shape[-1]) < vocab_limit, logits_BV, -jnp.inf)
+    return logits_BV, allowed
+
+
+def _policy_logp(logits_BV: jax.Array, token_B: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(jax.nn.log_softmax(logits_BV, axis=-1), token_B[:, None], axis=-1)[:, 0]
+
+
+def _sample_greedy(logits_BV, *, vocab_limit=None):
+    """`sample` when every row is greedy (same results, nothing drawn)."""
+    logits_BV, allowed = _allowed_logits(logits_BV, vocab_limit)
+    token = jnp.argmax(allowed, axis=-1).astype(jnp.int32)
+    return token, jnp.zeros(token.shape, jnp.float32), _policy_logp(logits_BV, token)
+
+
+def _sample_any(logits_BV, keys_B, temperature_B, top_k_B, top_p_B, *, vocab_limit=None):
+    logits_BV, allowed = _allowed_logits(logits_BV, vocab_limit)
     filt = filter_logits(allowed, temperature_B, top_k_B, top_p_B)
     drawn = jax.vmap(jax.random.categorical)(keys_B, filt)
     greedy = jnp.argmax(allowed, axis=-1)
@@ -262,8 +314,7 @@ def sample(
     token = jnp.where(is_greedy, greedy, drawn).astype(jnp.int32)
     logp_sample = jnp.take_along_axis(jax.nn.log_softmax(filt, axis=-1), token[:, None], axis=-1)[:, 0]
     logp_sample = jnp.where(is_greedy, 0.0, logp_sample)
-    logp_policy = jnp.take_along_axis(jax.nn.log_softmax(logits_BV, axis=-1), token[:, None], axis=-1)[:, 0]
-    return token, logp_sample, logp_policy
+    return token, logp_sample, _policy_logp(logits_BV, token)
 
 
 # ---------------------------------------------------------------------------- decode loop
@@ -298,6 +349,7 @@ def generate(
     vocab_limit: int | None = None,
     rules: LogicalRules | None = None,
     scan_unroll: int = 1,
+    unroll_layers: bool | None = None,
 ) -> GenerateOutput:
     """Samples up to ``max_new_tokens`` tokens per row after a prefill/extend that returned
     ``logits_BV``, inside one `jax.lax.while_loop` (stops early once every row is done).
@@ -309,6 +361,11 @@ def generate(
     last is written to the cache (the last is never needed to score what came before it).
     ``vocab_limit`` (static) forbids sampling ids >= it: real Qwen tokenizers have fewer tokens
     than the embedding has rows. The policy log-prob stays the full softmax, as teacher forcing.
+
+    ``unroll_layers`` (static; None: on a CPU backend) splits the layer weights once before the
+    loop (`split_layers`, one copy of them for the duration of the call) and runs each step's
+    layers unrolled over them, instead of a layer scan that slices (copies) every layer's weights
+    on every step. Same results up to float32 rounding; greedy tokens agree.
     """
     B = logits_BV.shape[0]
     N = max_new_tokens
@@ -324,6 +381,18 @@ def generate(
     zeros = jnp.zeros((B, N), jnp.float32)
 
     S = cache.capacity
+    if unroll_layers is None:
+        unroll_layers = jax.default_backend() == "cpu"
+    layers = split_layers(params, config) if unroll_layers else None
+    all_greedy = jnp.all(temperature_B <= 0)
+
+    def draw(logits, step):
+        def any_row(logits):
+            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, step)
+            return sample(logits, keys, temperature_B, top_k_B, top_p_B, vocab_limit=vocab_limit)
+
+        # all greedy: no per-row keys either (`sample` skips its draw the same way)
+        return jax.lax.cond(all_greedy, functools.partial(_sample_greedy, vocab_limit=vocab_limit), any_row, logits)
 
     def cond(state):
         step, _, _, _, _, done, _, _, _ = state
@@ -331,8 +400,7 @@ def generate(
 
     def body(state):
         step, logits, tokens, lps, lpp, done, count, cache, truncated = state
-        keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, step)
-        tok, lp_s, lp_p = sample(logits, keys, temperature_B, top_k_B, top_p_B, vocab_limit=vocab_limit)
+        tok, lp_s, lp_p = draw(logits, step)
         active = ~done
         tokens = tokens.at[:, step].set(jnp.where(active, tok, pad_id))
         lps = lps.at[:, step].set(jnp.where(active, lp_s, 0.0))
@@ -346,7 +414,8 @@ def generate(
         truncated = truncated | full
         # Feed the token to the model only for rows that continue.
         logits, cache = extend(
-            params, cache, tok[:, None], (~done).astype(jnp.int32), config=config, rules=rules, scan_unroll=scan_unroll
+            params, cache, tok[:, None], (~done).astype(jnp.int32), config=config, rules=rules, scan_unroll=scan_unroll,
+            layers=layers,
         )
         return step + 1, logits, tokens, lps, lpp, done, count, cache, truncated
 
@@ -370,11 +439,11 @@ def jit_extend(config: QwenConfig, rules: LogicalRules | None = None, scan_unrol
 
 @functools.lru_cache(maxsize=64)
 def jit_generate(config: QwenConfig, max_new_tokens: int, rules: LogicalRules | None = None, pad_id: int = 0,
-                 scan_unroll: int = 1, vocab_limit: int | None = None):
+                 scan_unroll: int = 1, vocab_limit: int | None = None, unroll_layers: bool | None = None):
     """``generate`` jitted for a config and a static max_new_tokens, with the cache donated."""
     fn = functools.partial(
         generate, config=config, max_new_tokens=max_new_tokens, rules=rules, pad_id=pad_id, scan_unroll=scan_unroll,
-        vocab_limit=vocab_limit,
+        vocab_limit=vocab_limit, unroll_layers=unroll_layers,
     )
     return jax.jit(fn, donate_argnums=(1,))
 
