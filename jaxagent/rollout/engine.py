@@ -3,8 +3,10 @@
 The engine owns one KV cache of ``slots`` rows (decode lanes) and ``park_rows`` more rows that
 are never decoded. Each request (a session's prompt, token-in) is admitted into a lane as soon
 as one is free; every engine call prefills the newly admitted rows (one `extend` call, other
-rows untouched) and then decodes ``decode_steps`` tokens for every running row in one jitted
-scan, attending over a power-of-two window of the cache rather than its capacity. A row that
+rows untouched) and then decodes ``decode_steps`` tokens for the running rows in one jitted
+scan: those rows' first W positions (W a power-of-two window over the longest, not the capacity)
+are gathered, decoded and written back, their count padded to a power of two, so a call costs
+the lanes that run, not every lane. A row that
 ends frees its lane when the call returns, so there is no whole-batch barrier. A session keeps
 its lane between turns: the next prompt is compared with the tokens the lane holds, the row is
 rolled back to their longest common prefix (``lengths`` only: stale entries beyond it are
@@ -39,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.models.config import QwenConfig
-from jaxagent.models.generate import KVCache, SamplingParams, extend, init_cache, sample
+from jaxagent.models.generate import KVCache, SamplingParams, extend, init_cache, sample, split_layers
 from jaxagent.models.qwen import Params
 
 
@@ -104,36 +106,47 @@ def _prefill(params, cache: KVCache, rows_A, tokens_AT, n_new_A, rollback_A, log
 
 
 @functools.partial(jax.jit, static_argnames=("config", "vocab_limit", "steps", "window"), donate_argnums=(1,))
-def _decode(params, cache: KVCache, logits_SV, keys_S2, count_S, budget_S, temp_S, topk_S, topp_S, stop_SX,
-            alive_S, *, config: QwenConfig, vocab_limit, steps: int, window: int):
-    """``steps`` decode steps on the device (one host round trip for all of them).
+def _decode(params, cache: KVCache, logits_SV, rows_B, keys_B2, count_B, budget_B, temp_B, topk_B, topp_B, stop_BX,
+            alive_B, *, config: QwenConfig, vocab_limit, steps: int, window: int):
+    """``steps`` decode steps on the device (one host round trip for all of them) for the rows
+    ``rows_B`` of the cache only (the running lanes, padded with an out-of-range row >= S that is
+    not alive and writes nothing): their first ``window`` positions are gathered, decoded and
+    written back, so a call costs the running rows, not every lane.
 
-    Row s samples its i-th token of the request with ``fold_in(key_s, count_S[s] + i)``. A live
-    row emits one token per step; it ends after a stop token in ``stop_SX[s]`` (-1 = padding),
-    after ``budget_S[s]`` more tokens, or (truncated) when its cache row is full. A token is fed
+    Row b samples its i-th token of the request with ``fold_in(key_b, count_B[b] + i)``. A live
+    row emits one token per step; it ends after a stop token in ``stop_BX[b]`` (-1 = padding),
+    after ``budget_B[b]`` more tokens, or (truncated) when its cache row is full. A token is fed
     to the cache only when the row goes on, so a stop token is never written.
 
-    Returns (tokens [k, S], logp_sample [k, S], logp_policy [k, S], emitted [k, S] bool, the
-    pending logits [S, V], the cache, alive [S]).
+    Returns (tokens [k, B], logp_sample [k, B], logp_policy [k, B], emitted [k, B] bool, the
+    pending logits [S, V], the cache, alive [B]).
     """
-    keys = jax.random.wrap_key_data(keys_S2)
-    S_cap = cache.capacity
+    keys = jax.random.wrap_key_data(keys_B2)
+    S, capacity = cache.lengths.shape[0], cache.capacity
+    # on a CPU the layers run unrolled over weights split once per call (`split_layers`): a layer
+    # scan copies every layer's weight slices out of the stacked arrays on every step
+    layers = split_layers(params, config) if jax.default_backend() == "cpu" else None
+    sub = KVCache(cache.k.at[:, rows_B, :window].get(mode="clip"), cache.v.at[:, rows_B, :window].get(mode="clip"),
+                  cache.lengths.at[rows_B].get(mode="clip"))
 
     def body(carry, i):
-        logits, cache, alive = carry
-        k = jax.vmap(jax.random.fold_in)(keys, count_S + i)
-        tok, lps, lpp = sample(logits, k, temp_S, topk_S, topp_S, vocab_limit=vocab_limit)
+        logits, sub, alive = carry
+        k = jax.vmap(jax.random.fold_in)(keys, count_B + i)
+        tok, lps, lpp = sample(logits, k, temp_B, topk_B, topp_B, vocab_limit=vocab_limit)
         tok = jnp.where(alive, tok, 0)
-        hit = jnp.any(tok[:, None] == stop_SX, axis=-1)
-        feed = alive & ~hit & (i + 1 < budget_S) & (cache.lengths < S_cap)
-        new_logits, cache = extend(params, cache, tok[:, None], feed.astype(jnp.int32), config=config,
-                                   window=window)
+        hit = jnp.any(tok[:, None] == stop_BX, axis=-1)
+        feed = alive & ~hit & (i + 1 < budget_B) & (sub.lengths < capacity)
+        new_logits, sub = extend(params, sub, tok[:, None], feed.astype(jnp.int32), config=config, layers=layers)
         logits = jnp.where(feed[:, None], new_logits, logits)
-        return (logits, cache, feed), (tok, lps, lpp, alive)
+        return (logits, sub, feed), (tok, lps, lpp, alive)
 
-    (logits, cache, alive), (tok, lps, lpp, emitted) = jax.lax.scan(
-        body, (logits_SV, cache, alive_S), jnp.arange(steps, dtype=jnp.int32))
-    return tok, lps, lpp, emitted, logits, cache, alive
+    (logits, sub, alive), (tok, lps, lpp, emitted) = jax.lax.scan(
+        body, (logits_SV.at[rows_B].get(mode="clip"), sub, alive_B), jnp.arange(steps, dtype=jnp.int32))
+    rows = jnp.where(rows_B < S, rows_B, S)  # padding: out of range, dropped
+    cache = KVCache(cache.k.at[:, rows, :window].set(sub.k, mode="drop"),
+                    cache.v.at[:, rows, :window].set(sub.v, mode="drop"),
+                    cache.lengths.at[rows].set(sub.lengths, mode="drop"))
+    return tok, lps, lpp, emitted, logits_SV.at[rows].set(logits, mode="drop"), cache, alive
 
 
 @functools.partial(jax.jit, static_argnames=("length",), donate_argnums=(0, 1))
@@ -204,7 +217,7 @@ class GenerationEngine:
         The calls are no-ops on the engine's state (no row is admitted or alive)."""
         if any(self.owner) or self.parked:
             raise RuntimeError("warmup: expected an engine no session has used yet")
-        S, zeros = self.slots, np.zeros(self.slots, np.int32)
+        S = self.slots
         sizes = sorted({_bucket(1 << i, _MIN_PREFILL, self.capacity) for i in range(self.capacity.bit_length())})
         windows = sorted({_bucket(n, 64, self.capacity) for n in sizes})
         for A in sorted({_bucket(n, 1, S) for n in range(1, S + 1)}):
@@ -214,12 +227,13 @@ class GenerationEngine:
                     self.logits, self.cache = _prefill(
                         self.params, self.cache, rows, np.zeros((A, T), np.int32), np.zeros(A, np.int32),
                         np.zeros(A, np.int32), self.logits, config=self.config, window=W)
-        stop = np.full((S, 4), -1, np.int32)
-        for W in windows:
-            out = _decode(self.params, self.cache, self.logits, self.keys, zeros, zeros, np.zeros(S, np.float32),
-                          zeros, np.ones(S, np.float32), stop, np.zeros(S, bool), config=self.config,
-                          vocab_limit=self.vocab_limit, steps=self.decode_steps, window=W)
-            self.logits, self.cache = out[4], out[5]
+        for B in sorted({_bucket(n, 1, S) for n in range(1, S + 1)}):
+            z, stop = np.zeros(B, np.int32), np.full((B, 4), -1, np.int32)
+            for W in windows:
+                out = _decode(self.params, self.cache, self.logits, np.full(B, S, np.int32), self.keys[:B], z, z,
+                              np.zeros(B, np.float32), z, np.ones(B, np.float32), stop, np.zeros(B, bool),
+                              config=self.config, vocab_limit=self.vocab_limit, steps=self.decode_steps, window=W)
+                self.logits, self.cache = out[4], out[5]
         if self.park is not None:
             for n in sorted({_bucket(n, 16, self.capacity) for n in sizes}):
                 k, v = _copy_row(self.park.k, self.park.v, self.cache.k, self.cache.v, 0, 0, length=n)
@@ -422,31 +436,35 @@ class GenerationEngine:
         longest = max(len(r.prompt) + len(r.out) for _, r in run)
         window = _bucket(longest + k, 64, self.capacity)
         X = max(len(r.sampling.stop_tokens) for _, r in run)
-        stop = np.full((S, _bucket(max(X, 1), 4, 1 << 20)), -1, np.int32)
-        count = np.zeros(S, np.int32)
-        budget = np.zeros(S, np.int32)
-        temp = np.zeros(S, np.float32)
-        topk = np.zeros(S, np.int32)
-        topp = np.ones(S, np.float32)
-        alive = np.zeros(S, bool)
-        for s, r in run:
+        B = _bucket(len(run), 1, S)  # the running rows only, padded to a power of two (few shapes)
+        rows = np.full(B, S, np.int32)
+        keys = np.zeros((B, 2), np.uint32)
+        stop = np.full((B, _bucket(max(X, 1), 4, 1 << 20)), -1, np.int32)
+        count = np.zeros(B, np.int32)
+        budget = np.zeros(B, np.int32)
+        temp = np.zeros(B, np.float32)
+        topk = np.zeros(B, np.int32)
+        topp = np.ones(B, np.float32)
+        alive = np.zeros(B, bool)
+        for b, (s, r) in enumerate(run):
             sp = r.sampling
-            stop[s, : len(sp.stop_tokens)] = sp.stop_tokens
-            count[s], budget[s] = len(r.out), sp.max_new_tokens - len(r.out)
-            temp[s], topk[s], topp[s], alive[s] = sp.temperature, sp.top_k, sp.top_p, True
+            rows[b], keys[b] = s, self.keys[s]
+            stop[b, : len(sp.stop_tokens)] = sp.stop_tokens
+            count[b], budget[b] = len(r.out), sp.max_new_tokens - len(r.out)
+            temp[b], topk[b], topp[b], alive[b] = sp.temperature, sp.top_k, sp.top_p, True
         tok, lps, lpp, emitted, self.logits, self.cache, still = _decode(
-            self.params, self.cache, self.logits, self.keys, count, budget, temp, topk, topp, stop, alive,
+            self.params, self.cache, self.logits, rows, keys, count, budget, temp, topk, topp, stop, alive,
             config=self.config, vocab_limit=self.vocab_limit, steps=k, window=window)
         tok, lps, lpp, emitted, still = (np.asarray(x) for x in (tok, lps, lpp, emitted, still))
         self.stats["decode_steps"] += k
         self.stats["engine_calls"] += 1
         finished = []
-        for s, req in run:
-            n = int(emitted[:, s].sum())
-            req.out.extend(tok[:n, s].tolist())
-            req.lps.extend(lps[:n, s].tolist())
-            req.lpp.extend(lpp[:n, s].tolist())
-            if not still[s]:
+        for b, (s, req) in enumerate(run):
+            n = int(emitted[:, b].sum())
+            req.out.extend(tok[:n, b].tolist())
+            req.lps.extend(lps[:n, b].tolist())
+            req.lpp.extend(lpp[:n, b].tolist())
+            if not still[b]:
                 stop_hit = req.out[-1] in req.sampling.stop_tokens
                 truncated = not stop_hit and len(req.out) < req.sampling.max_new_tokens
                 self.held[s] = req.prompt + req.out[:-1]  # the last token is never written
