@@ -193,3 +193,23 @@ def test_shared_prefix_against_a_loop(a, b):
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     assert SessionIndex.shared(np.asarray(a, np.int64), np.asarray(b, np.int64)) == n
+
+
+def test_the_listening_socket_is_tcp_without_nagle():
+    """asyncio turns Nagle's algorithm off only on sockets whose proto is IPPROTO_TCP; a socket made
+    with proto 0 made every streamed response wait for the client's delayed ACK (~40 ms)."""
+    import socket
+
+    from jaxagent.serve.server import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        client = socket.create_connection(sock.getsockname())  # listening already: the backlog takes it
+        accepted, _ = sock.accept()
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        client.close()
+        accepted.close()
+    finally:
+        sock.close()

@@ -20,7 +20,7 @@ from jaxagent.jobs.build import build_model, build_tokenizer, param_count
 from jaxagent.jobs.config import RunConfig
 from jaxagent.models import LogicalRules, make_mesh
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.serve.server import PolicyServer, ServeSettings, bind, make_app, serve
+from jaxagent.serve.server import PolicyServer, ServeSettings, bind, make_app, uvicorn_server
 
 
 def resolve(cfg: RunConfig) -> RunConfig:
@@ -87,30 +87,38 @@ def build_server(cfg: RunConfig) -> tuple[PolicyServer, dict[str, Any]]:
 def run_serve(cfg: RunConfig) -> dict[str, Any]:
     cfg = resolve(cfg)
     server, what = build_server(cfg)
-    if cfg.serve.warmup:
-        server.engine.warmup()
     s = cfg.serve
     try:
         sock = bind(s.host, s.port)
     except OSError as e:
         raise configlib.ConfigError(f"serve.port={s.port}: cannot listen on {s.host}:{s.port} ({e.strerror or e}); "
                                     "expected a free port (0: any)") from None
-    host, port = sock.getsockname()[:2]
-    url = f"http://{host}:{port}/v1"
-    if s.api_key_env is None and s.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"jaxagent serve: warning: listening on {s.host} without an API key (serve.api_key_env)",
-              file=sys.stderr, flush=True)
-    print(f"jaxagent serve: {what['model']} ({what['weights']}, {what['model_params']:,} parameters) on {url}",
-          file=sys.stderr, flush=True)
-    # uvicorn stops on SIGINT/SIGTERM and then raises the signal again for the handler it found:
-    # this one notes it, so a stopped server ends the job with its summary and exit code 0
+    uv = uvicorn_server(make_app(server), shutdown_timeout_s=s.shutdown_timeout_s)
+    # SIGINT/SIGTERM stop the server gracefully, also when they come before it runs (during the
+    # warmup: it then stops as soon as it has started). uvicorn raises the signal again for the
+    # handler it found when it stops: this one notes it, so the job ends with its summary, exit 0.
     signals: list[int] = []
-    previous = {sig: signal.signal(sig, lambda n, _f: signals.append(n)) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def stop(n, _frame):
+        signals.append(n)
+        uv.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        asyncio.run(serve(make_app(server), sock, shutdown_timeout_s=s.shutdown_timeout_s))
+        if s.warmup:
+            server.engine.warmup()
+        host, port = sock.getsockname()[:2]
+        url = f"http://{host}:{port}/v1"
+        if s.api_key_env is None and s.host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"jaxagent serve: warning: listening on {s.host} without an API key (serve.api_key_env)",
+                  file=sys.stderr, flush=True)
+        print(f"jaxagent serve: {what['model']} ({what['weights']}, {what['model_params']:,} parameters) on {url}",
+              file=sys.stderr, flush=True)
+        asyncio.run(uv.serve(sockets=[sock]))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        sock.close()
     print(f"jaxagent serve: stopped ({', '.join(sorted({signal.Signals(n).name for n in signals})) or 'no signal'}); "
           f"{server.stats['requests']} requests served", file=sys.stderr, flush=True)
     return {"job": "serve", "url": url, **what, **server.stats, "prefix_reuses": server.sessions.reused}
