@@ -92,6 +92,28 @@ def serve(delay: float, fault_rate: float, seed: int = 0):
     return server
 
 
+def _serve_in_child(ports, delay: float, fault_rate: float) -> None:
+    server = serve(delay, fault_rate)
+    ports.put(server.server_address[1])
+    threading.Event().wait()  # until the parent terminates this process
+
+
+def start_simulator(delay: float, fault_rate: float, where: str) -> tuple[int, object]:
+    """The simulator's port, and its process (``where="process"``: a process of its own, as a
+    remote simulator is; its HTTP handling then takes no time from the loop's process) or its
+    in-process server (``"thread"``)."""
+    if where == "thread":
+        server = serve(delay, fault_rate)
+        return server.server_address[1], server
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ports = ctx.Queue()
+    proc = ctx.Process(target=_serve_in_child, args=(ports, delay, fault_rate), daemon=True)
+    proc.start()
+    return ports.get(timeout=120), proc
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="tiny-qwen2", choices=preset_names())
@@ -107,14 +129,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--user-delay", type=float, default=0.2)
     ap.add_argument("--fault-rate", type=float, default=0.0)
+    ap.add_argument("--simulator", choices=("process", "thread"), default="process",
+                    help="where the user simulator's HTTP server runs: its own process (as a remote simulator), or "
+                         "a thread of this one (its request handling then competes with the loop for the GIL)")
     ap.add_argument("--tokenizer", default=str(ROOT / "tests" / "fixtures" / "tokenizer_qwen"))
     args = ap.parse_args(argv)
 
     tok = load_tokenizer(args.tokenizer)
     cfg = preset(args.shape, vocab_size=tok.vocab_size, max_position_embeddings=max(2048, args.capacity))
     params = jax.jit(init_params, static_argnums=1)(jax.random.key(0), cfg)
-    server = serve(args.user_delay, args.fault_rate)
-    url = f"http://127.0.0.1:{server.server_address[1]}"
+    port, simulator = start_simulator(args.user_delay, args.fault_rate, args.simulator)
+    url = f"http://127.0.0.1:{port}"
     user_cfg = LLMUserConfig(base_url=url, model="sim", max_retries=2, backoff_base_s=0.05, backoff_max_s=0.2,
                              read_timeout_s=10.0, max_concurrency=64)
     tasks = {f"task{i}": {"profile": {"instructions": f"you want trip {i}"}, "opening": "i need a trip"}
@@ -226,7 +251,10 @@ def main(argv=None) -> dict:
 
     trajs, wall_ours, stats, sim_ours = asyncio.run(ours())
     wall_lock, prefill_lock, lock_failures, sim_lock = asyncio.run(lockstep())
-    server.shutdown()
+    if args.simulator == "thread":
+        simulator.shutdown()
+    else:
+        simulator.terminate()
     without_reuse = sum(s.content_start for t in trajs for s in t.spans if s.generated)
     failed = sum(t.termination == "simulator_failure" for t in trajs)
     res = {
@@ -237,7 +265,7 @@ def main(argv=None) -> dict:
         "turns": args.turns,
         "slots": args.slots,
         "user_delay_s": args.user_delay,
-        "fault_rate": args.fault_rate,
+        "fault_rate": args.fault_rate, "simulator": args.simulator,
         "episodes_per_s": n_episodes / wall_ours,
         "lockstep_episodes_per_s": n_episodes / wall_lock,
         "speedup_vs_lockstep": wall_lock / wall_ours,

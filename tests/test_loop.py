@@ -98,3 +98,15 @@ def test_a_failed_call_is_retried_and_counted():
                                        sampling=sp, key=jax.random.key(0), config=EpisodeConfig(max_turns=2)))
     assert traj.info["simulator_errors"] == 1 and traj.termination != "simulator_failure"
     assert len(traj.action_spans()) == 2
+
+
+def test_turn_keys_made_at_once_are_the_fold_ins_of_each_episode_and_turn():
+    from jaxagent.rollout.loop import turn_key_data
+
+    key = jax.random.key(7)
+    data = turn_key_data(key, [0, 3, 12], 4)
+    assert data.shape == (3, 4, 2) and data.dtype == np.uint32
+    for a, e in enumerate([0, 3, 12]):
+        for t in range(4):
+            want = jax.random.key_data(jax.random.fold_in(jax.random.fold_in(key, e), t))
+            np.testing.assert_array_equal(data[a, t], np.asarray(want))

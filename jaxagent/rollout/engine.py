@@ -243,8 +243,9 @@ class GenerationEngine:
         jax.block_until_ready(self.cache)
 
     async def generate(self, session: str, prompt: list[int], sampling: SamplingParams,
-                       key: jax.Array, *, on_tokens: Callable[[list[int], list[float]], None] | None = None) -> EngineResult:
-        """Generates a continuation of ``prompt`` (the session's whole conversation so far).
+                       key: jax.Array | np.ndarray, *, on_tokens: Callable[[list[int], list[float]], None] | None = None) -> EngineResult:
+        """Generates a continuation of ``prompt`` (the session's whole conversation so far),
+        sampling with ``key`` (a typed key, or its `jax.random.key_data` as a [2] uint32 array).
 
         ``on_tokens`` (streaming) is called on the event loop after every engine call that gave
         the request new tokens, with those tokens and their log-probabilities under the policy
@@ -261,7 +262,8 @@ class GenerationEngine:
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
             self._task = loop.create_task(self._run())
-        req = _Request(session, list(prompt), sampling, np.asarray(jax.random.key_data(key), np.uint32),
+        data = key if isinstance(key, np.ndarray) else jax.random.key_data(key)  # raw data: no device call
+        req = _Request(session, list(prompt), sampling, np.asarray(data, np.uint32),
                        loop.create_future(), ready=self._delivered.pop(session, -1) + 1, seq=self._seq,
                        on_tokens=on_tokens)
         self._seq += 1
