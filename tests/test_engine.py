@@ -235,20 +235,26 @@ def test_streamed_tokens_add_up_to_the_result_and_arrive_per_call():
     assert [len(toks) for toks, _ in seen] == [4, 4, 3] and calls == 3  # one callback per engine call
 
 
+async def _cancelled_after(engine, n: int) -> list[int]:
+    """Session "a" asks for 20 greedy tokens after [1, 2, 3]; its caller cancels once ``n`` have
+    streamed. Returns the tokens it got."""
+    got = []
+    task = asyncio.ensure_future(engine.generate("a", [1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=20),
+                                                 jax.random.key(0), on_tokens=lambda t, _: got.extend(t)))
+    while len(got) < n:
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return got
+
+
 def test_a_cancelled_request_frees_its_lane_and_keeps_its_prefix():
-    long = SamplingParams(temperature=0.0, max_new_tokens=20)
     short = SamplingParams(temperature=0.0, max_new_tokens=2)
 
     async def main():
         engine = GenerationEngine(PARAMS, CFG, slots=1, capacity=64, decode_steps=2)
-        got = []
-        task = asyncio.ensure_future(engine.generate("a", [1, 2, 3], long, jax.random.key(0),
-                                                     on_tokens=lambda t, _: got.extend(t)))
-        while len(got) < 4:
-            await asyncio.sleep(0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        got = await _cancelled_after(engine, 4)
         # the only lane is free again: another session is served, then "a" comes back with what it had
         other = await engine.generate("b", [4, 5], short, jax.random.key(1))
         before = engine.stats["prefill_tokens"]
@@ -266,19 +272,11 @@ def test_a_cancelled_request_frees_its_lane_and_keeps_its_prefix():
 
 
 def test_a_cancelled_request_keeps_its_own_lane_for_the_next_turn():
-    long = SamplingParams(temperature=0.0, max_new_tokens=20)
     short = SamplingParams(temperature=0.0, max_new_tokens=2)
 
     async def main():
         engine = GenerationEngine(PARAMS, CFG, slots=2, capacity=64, decode_steps=2)
-        got = []
-        task = asyncio.ensure_future(engine.generate("a", [1, 2, 3], long, jax.random.key(0),
-                                                     on_tokens=lambda t, _: got.extend(t)))
-        while len(got) < 4:
-            await asyncio.sleep(0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        got = await _cancelled_after(engine, 4)
         before = engine.stats["prefill_tokens"]
         nxt = await engine.generate("a", [1, 2, 3] + got + [7, 8], short, jax.random.key(2))
         return nxt, engine.stats["prefill_tokens"] - before

@@ -260,3 +260,22 @@ def test_concurrent_clients_are_decoded_together(model):
         calls = r.server.engine.stats["engine_calls"] - calls0
         # one after another: one call per 4 tokens of each request; together: the lanes share calls
         assert calls < -(-tokens // 4), (calls, tokens)
+
+
+def test_a_failed_engine_call_fails_its_requests_and_the_server_goes_on(model):
+    with Running(*model, slots=2) as r:
+        c = openai.OpenAI(base_url=r.url, api_key="x", max_retries=0, timeout=60)
+
+        def boom(admitted):
+            raise ValueError("injected device failure")
+
+        r.server.engine._step = boom  # the engine's device call fails (an instance attribute over the method)
+        with pytest.raises(openai.InternalServerError, match="injected device failure"):
+            c.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=4)
+        with pytest.raises(openai.APIError, match="injected device failure"):  # streamed: an error event
+            for _ in c.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=4, stream=True):
+                pass
+        assert r.server.stats["errors"] == 2 and r.server.inflight == 0
+        del r.server.engine._step
+        again = c.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=2, temperature=0)
+        assert again.usage.completion_tokens == 2

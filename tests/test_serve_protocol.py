@@ -131,12 +131,13 @@ PIECES = ["<think>", "\n", "plan", " it", "</think>", "\n\n", "Hello", " world",
           '"arguments": {}}', "</tool_call>", "STOP", "<", "tool", "_call>", "</", "think>", "x"]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(st.lists(st.sampled_from(PIECES), max_size=14), st.booleans(), st.booleans(), st.booleans(),
        st.lists(st.integers(1, 6), min_size=1, max_size=14))
 def test_streamed_deltas_add_up_to_the_final_split(pieces, opened, tools, with_stop, cuts):
     """Whatever the chunking, the concatenated deltas equal `visible` of the final text (cut at a
-    stop string), and the final content/reasoning agree with `parse_assistant` up to whitespace."""
+    stop string), and the final content/reasoning agree with `parse_assistant` up to whitespace
+    (where it need not guess whether the prompt opened a thinking block)."""
     text = "".join(pieces)
     stop = ("STOP",) if with_stop else ()
     stream = TextStream(stop, thinking=True, opened=opened, tools=tools)
@@ -154,7 +155,11 @@ def test_streamed_deltas_add_up_to_the_final_split(pieces, opened, tools, with_s
     assert stream.text == final
     want = visible(final, thinking=True, opened=opened, tools=tools, final=True)
     assert (got_r, got_c) == (want.reasoning, want.content)
-    if tools and not opened:
+    # parse_assistant, which does not see the prompt, also takes a bare "</think>" as the end of a
+    # thinking block the prompt opened; the server knows whether it did (``opened``), so the two
+    # are compared where that guess does not arise
+    guessed = "</think>" in final and not final.lstrip().startswith("<think>")
+    if tools and not opened and not guessed:
         parsed = parse_assistant(final)
         if parsed.ok and final.find("<tool_call>") == final.rfind("<tool_call>"):
             assert (parsed.thinking or "").strip() == want.reasoning.strip()

@@ -363,18 +363,9 @@ class PolicyServer:
             yield chunk(i, {"role": "assistant", "content": ""})
         run = asyncio.ensure_future(self._run(prompts, s, tools=req.parse_tools, thinking=True, field="messages",
                                               on_delta=on_delta))
-        try:
-            while not (run.done() and queue.empty()):
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait({getter, run}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    yield getter.result()
-                else:
-                    getter.cancel()
-            choices = run.result()  # an APIError (a timeout) propagates to the caller
-        finally:
-            if not run.done():
-                run.cancel()
+        async for c in _drain(run, queue):
+            yield c
+        choices = run.result()  # an APIError (a timeout) propagates to the caller
         for ch in choices:
             msg, finish = self._message(ch, tools=req.parse_tools, opened=prompts[0][1])
             r_sent, c_sent = sent.get(ch.index, ["", ""])
@@ -421,23 +412,30 @@ class PolicyServer:
         queue: asyncio.Queue = asyncio.Queue()
         run = asyncio.ensure_future(self._run(prompts, s, tools=False, thinking=False, field="prompt",
                                               on_delta=lambda i, r, c: queue.put_nowait(chunk(i, c))))
-        try:
-            while not (run.done() and queue.empty()):
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait({getter, run}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    yield getter.result()
-                else:
-                    getter.cancel()
-            choices = run.result()
-        finally:
-            if not run.done():
-                run.cancel()
+        async for c in _drain(run, queue):
+            yield c
+        choices = run.result()
         for ch in choices:
             yield chunk(ch.index, "", ch.finish_reason)
         if s.include_usage:
             yield {"id": cid, "object": "text_completion", "created": created, "model": name, "choices": [],
                    "usage": self._usage(prompts, choices)}
+
+
+async def _drain(run: asyncio.Future, queue: asyncio.Queue) -> AsyncIterator[dict[str, Any]]:
+    """The chunks ``run`` queues, as they come, until it is done and the queue is empty (its error
+    is left in ``run``); a consumer that stops early (a client gone) cancels ``run``."""
+    try:
+        while not (run.done() and queue.empty()):
+            getter = asyncio.ensure_future(queue.get())
+            await asyncio.wait({getter, run}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                yield getter.result()
+            else:
+                getter.cancel()
+    finally:
+        if not run.done():
+            run.cancel()
 
 
 # ----------------------------------------------------------------------------- HTTP
@@ -468,6 +466,11 @@ def make_app(server: PolicyServer):
                     yield {"data": json.dumps(c, ensure_ascii=False)}
             except APIError as e:  # headers are sent: the error travels as an event, as OpenAI's does
                 yield {"data": json.dumps(e.body())}
+            except Exception as e:  # a failed engine call: this stream ends with an error, the server goes on
+                server.stats["errors"] += 1
+                print(f"jaxagent serve: request failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                err = APIError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error")
+                yield {"data": json.dumps(err.body())}
             yield {"data": "[DONE]"}
 
         return EventSourceResponse(events(), ping=15)
