@@ -285,6 +285,20 @@ def sample(
     )
 
 
+def sample_folded(logits_BV: jax.Array, keys_B: jax.Array, fold_B: jax.Array, temperature_B: jax.Array,
+                  top_k_B: jax.Array, top_p_B: jax.Array, *, vocab_limit: int | None = None
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`sample` with row b's key ``fold_in(keys_B[b], fold_B[b])`` (a decode loop's step keys).
+    When every row is greedy the keys are not derived either (one `jax.lax.cond` for both), which
+    is what `sample`'s own skip cannot save: the per-row key derivation comes before it."""
+    def any_row(logits):
+        keys = jax.vmap(jax.random.fold_in)(keys_B, fold_B)
+        return _sample_any(logits, keys, temperature_B, top_k_B, top_p_B, vocab_limit=vocab_limit)
+
+    return jax.lax.cond(jnp.all(jnp.asarray(temperature_B) <= 0),
+                        functools.partial(_sample_greedy, vocab_limit=vocab_limit), any_row, logits_BV)
+
+
 def _allowed_logits(logits_BV: jax.Array, vocab_limit: int | None) -> tuple[jax.Array, jax.Array]:
     """(float32 logits, the same with ids >= ``vocab_limit`` at -inf)."""
     logits_BV = logits_BV.astype(jnp.float32)
@@ -384,15 +398,10 @@ def generate(
     if unroll_layers is None:
         unroll_layers = jax.default_backend() == "cpu"
     layers = split_layers(params, config) if unroll_layers else None
-    all_greedy = jnp.all(temperature_B <= 0)
 
     def draw(logits, step):
-        def any_row(logits):
-            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, step)
-            return sample(logits, keys, temperature_B, top_k_B, top_p_B, vocab_limit=vocab_limit)
-
-        # all greedy: no per-row keys either (`sample` skips its draw the same way)
-        return jax.lax.cond(all_greedy, functools.partial(_sample_greedy, vocab_limit=vocab_limit), any_row, logits)
+        return sample_folded(logits, keys_B, jnp.full((B,), step, jnp.int32), temperature_B, top_k_B, top_p_B,
+                             vocab_limit=vocab_limit)
 
     def cond(state):
         step, _, _, _, _, done, _, _, _ = state

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.models.config import QwenConfig
-from jaxagent.models.generate import KVCache, SamplingParams, extend, init_cache, sample, split_layers
+from jaxagent.models.generate import KVCache, SamplingParams, extend, init_cache, sample_folded, split_layers
 from jaxagent.models.qwen import Params
 
 
@@ -131,8 +131,7 @@ def _decode(params, cache: KVCache, logits_SV, rows_B, keys_B2, count_B, budget_
 
     def body(carry, i):
         logits, sub, alive = carry
-        k = jax.vmap(jax.random.fold_in)(keys, count_B + i)
-        tok, lps, lpp = sample(logits, k, temp_B, topk_B, topp_B, vocab_limit=vocab_limit)
+        tok, lps, lpp = sample_folded(logits, keys, count_B + i, temp_B, topk_B, topp_B, vocab_limit=vocab_limit)
         tok = jnp.where(alive, tok, 0)
         hit = jnp.any(tok[:, None] == stop_BX, axis=-1)
         feed = alive & ~hit & (i + 1 < budget_B) & (sub.lengths < capacity)
