@@ -13,8 +13,11 @@ every call after ``--user-delay`` seconds. The same episodes (``--tasks`` x ``--
   two and every bucket compiled before the clock starts), then every user answers
   (concurrently), turn by turn; then the next batch.
 
-Reports episodes/s of each and their ratio, the fraction of our wall time the device was busy,
-prefill tokens with prefix reuse against without (the whole prompt every turn), and, for both
+The simulator client allows one request in flight per episode by default
+(``--user-concurrency``): with fewer, the simulator's throughput (connections / delay) can bound
+the run rather than the loop. Reports episodes/s of each and their ratio, the fraction of our wall
+time the device was busy, and of the engine's span (its first call's start to its last call's end:
+before it the first prompts are made, after it only the last users' answers are awaited), prefill tokens with prefix reuse against without (the whole prompt every turn), and, for both
 loops, the episodes that failed and the simulator's HTTP attempts, retries and failed attempts by
 cause (``--fault-rate`` makes the server fail that share of calls with a 500; those are retried,
 and an episode fails when its retries run out: in the lockstep loop it stops there, counted as
@@ -50,6 +53,7 @@ from jaxagent.envs.user_env import LLMUserEnv
 from jaxagent.models import init_params, preset, preset_names
 from jaxagent.models.generate import SamplingParams, init_cache, jit_extend, jit_generate, row_keys
 from jaxagent.rollout import EpisodeConfig, GenerationEngine, run_episodes
+from jaxagent.rollout.loop import turn_key_data
 from jaxagent.text import ChatRenderer, load_tokenizer
 from jaxagent.text.toolcalls import parse_assistant
 
@@ -114,6 +118,23 @@ def start_simulator(delay: float, fault_rate: float, where: str) -> tuple[int, o
     return ports.get(timeout=120), proc
 
 
+class TimedEngine(GenerationEngine):
+    """Stamps the start of its first call and the end of its last one: the span in which the
+    device could be kept busy (before it, the first prompts are being made; after it, the last
+    users are answering and nothing is left to generate)."""
+
+    first_call: float | None = None
+    last_call_end: float | None = None
+
+    def _step(self, admitted):
+        if self.first_call is None:
+            self.first_call = time.perf_counter()
+        try:
+            return super()._step(admitted)
+        finally:
+            self.last_call_end = time.perf_counter()
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="tiny-qwen2", choices=preset_names())
@@ -129,6 +150,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--user-delay", type=float, default=0.2)
     ap.add_argument("--fault-rate", type=float, default=0.0)
+    ap.add_argument("--user-concurrency", type=int, default=None,
+                    help="the simulator client's max_concurrency (default: one request in flight per episode)")
     ap.add_argument("--simulator", choices=("process", "thread"), default="process",
                     help="where the user simulator's HTTP server runs: its own process (as a remote simulator), or "
                          "a thread of this one (its request handling then competes with the loop for the GIL)")
@@ -141,7 +164,8 @@ def main(argv=None) -> dict:
     port, simulator = start_simulator(args.user_delay, args.fault_rate, args.simulator)
     url = f"http://127.0.0.1:{port}"
     user_cfg = LLMUserConfig(base_url=url, model="sim", max_retries=2, backoff_base_s=0.05, backoff_max_s=0.2,
-                             read_timeout_s=10.0, max_concurrency=64)
+                             read_timeout_s=10.0,
+                             max_concurrency=args.user_concurrency or args.tasks * args.group)
     tasks = {f"task{i}": {"profile": {"instructions": f"you want trip {i}"}, "opening": "i need a trip"}
              for i in range(args.tasks)}
     sp = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_tokens=tuple(tok.eos_token_ids))
@@ -174,16 +198,19 @@ def main(argv=None) -> dict:
 
     async def ours():
         client = LLMUserClient(user_cfg)
-        engine = GenerationEngine(params, cfg, slots=args.slots, capacity=args.capacity, park_rows=park_rows,
+        engine = TimedEngine(params, cfg, slots=args.slots, capacity=args.capacity, park_rows=park_rows,
                                   decode_steps=args.decode_steps)
         make = lambda: LLMUserEnv(client, tasks, max_user_turns=args.turns)  # noqa: E731
         engine.warmup()  # every shape compiled before the clock starts
+        turn_key_data(jax.random.key(1), range(n_episodes), args.turns)  # as is the episodes' key derivation
         t0 = time.perf_counter()
         trajs = await run_episodes(engine, make, tok, list(tasks), group_size=args.group, sampling=sp,
                                    key=jax.random.key(1), config=ep_cfg)
         wall = time.perf_counter() - t0
         await client.aclose()
-        return trajs, wall, dict(engine.stats), client.stats.as_dict()
+        span = {"head_s": engine.first_call - t0, "span_s": engine.last_call_end - engine.first_call,
+                "tail_s": t0 + wall - engine.last_call_end}
+        return trajs, wall, dict(engine.stats), client.stats.as_dict(), span
 
     async def lockstep_chunk(client, chunk, turn_key, failures):
         envs, chats = [], []
@@ -249,7 +276,7 @@ def main(argv=None) -> dict:
         await client.aclose()
         return wall, prefill, failures, client.stats.as_dict()
 
-    trajs, wall_ours, stats, sim_ours = asyncio.run(ours())
+    trajs, wall_ours, stats, sim_ours, span = asyncio.run(ours())
     wall_lock, prefill_lock, lock_failures, sim_lock = asyncio.run(lockstep())
     if args.simulator == "thread":
         simulator.shutdown()
@@ -270,6 +297,10 @@ def main(argv=None) -> dict:
         "lockstep_episodes_per_s": n_episodes / wall_lock,
         "speedup_vs_lockstep": wall_lock / wall_ours,
         "device_busy_fraction": stats["device_s"] / wall_ours,
+        # the same over the engine's span: from its first call's start to its last call's end
+        "device_busy_in_span": stats["device_s"] / span["span_s"],
+        "engine_span_s": span["span_s"], "head_s": span["head_s"], "tail_s": span["tail_s"],
+        "user_concurrency": user_cfg.max_concurrency,
         "prefill_tokens_with_reuse": stats["prefill_tokens"],
         "prefill_tokens_without_reuse": without_reuse,
         "prefill_tokens_ratio_with_reuse": stats["prefill_tokens"] / max(without_reuse, 1),

@@ -4,19 +4,23 @@ started in a thread by each test, with faults injected per request."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import collections
 import json
 import logging
 import socket
 import threading
 import time
+import urllib.parse
+import warnings
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig, SimulatorError, UserReply, parse_retry_after
+from jaxagent.envs.llm_user import (LLMUserClient, LLMUserConfig, SimulatorError, UserReply, env_proxy,
+                                    parse_retry_after)
 from jaxagent.envs.user_prompt import ProfileError
 from tests.loopback import LoopbackServer
 
@@ -92,7 +96,7 @@ class FakeServer(LoopbackServer):
                 if kind == "sleep":  # longer than the client's read timeout
                     server.release.wait(fault[1])
                     kind, fault = "ok", ("ok",)
-                if self.path != "/v1/chat/completions":
+                if urllib.parse.urlsplit(self.path).path != "/v1/chat/completions":  # absolute when proxied
                     return self._send(404, b'{"error": "not found"}')
                 if kind == "ok" or kind == "content":
                     content = ok_content(n) if kind == "ok" else fault[1]
@@ -203,7 +207,7 @@ def test_missing_key_variable(monkeypatch):
 
 def test_api_key_sent_but_never_logged_or_shown(server, monkeypatch, caplog):
     monkeypatch.setenv("JAXAGENT_TEST_KEY", SECRET)
-    caplog.set_level(logging.DEBUG)  # every logger, httpx and httpcore included
+    caplog.set_level(logging.DEBUG)  # every logger, aiohttp's included
     config = make_config(server.base_url, api_key_env="JAXAGENT_TEST_KEY", max_retries=1)
     server.faults.extend([("status", 500, {}), ("ok",), ("echo_auth",)])
 
@@ -296,9 +300,9 @@ def test_connection_refused_is_retried_then_raises():
     with socket.socket() as s:  # a loopback port with nothing listening
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(SimulatorError, match="ConnectError") as e:
+    with pytest.raises(SimulatorError, match="Cannot connect") as e:
         run(make_config(f"http://127.0.0.1:{port}/v1", max_retries=2))
-    assert e.value.attempts == 3
+    assert (e.value.attempts, e.value.kind, e.value.status) == (3, "connection", None)
 
 
 @pytest.mark.parametrize("code", [400, 401, 404, 422])
@@ -383,6 +387,41 @@ def test_closed_client_refuses():
         with pytest.raises(RuntimeError, match="closed"):
             await client.respond(CONVERSATION, PROFILE)
     asyncio.run(go())
+
+
+def test_trust_env_sends_through_the_environments_proxy(server, monkeypatch):
+    """trust_env=True: HTTP_PROXY names our loopback server, so a call to a host that does not
+    resolve reaches it as a proxy request (absolute URI); NO_PROXY exempts a host; trust_env=False
+    ignores the environment."""
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy",
+                 "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{server.port}")
+    far = "http://simulator.invalid/v1"
+    assert (env_proxy(far), env_proxy("https://simulator.invalid/v1")) == (f"http://127.0.0.1:{server.port}", None)
+    reply = run(make_config(far, trust_env=True, max_retries=0))
+    assert reply.utterance == "reply 0"
+    assert server.requests[0]["path"] == far + "/chat/completions"
+    with pytest.raises(SimulatorError) as e:  # the environment ignored: the name does not resolve
+        run(make_config(far, trust_env=False, max_retries=0))
+    assert e.value.kind == "connection" and len(server.requests) == 1
+    monkeypatch.setenv("NO_PROXY", "simulator.invalid")
+    assert env_proxy(far) is None
+
+
+def test_session_closed_with_its_event_loop(server):
+    """A loop that ends closes its HTTP session there (asyncio.run finalises the client's closer):
+    no socket is left for the garbage collector to close, and the next loop gets a new session."""
+    client = LLMUserClient(make_config(server.base_url, max_retries=0))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        asyncio.run(client.respond(CONVERSATION, PROFILE))
+        first = client._http
+        assert first is not None and first.closed
+        asyncio.run(client.respond(CONVERSATION, PROFILE))
+        assert client._http is not first and client._http.closed
+        gc.collect()
+    assert [w for w in seen if issubclass(w.category, ResourceWarning)] == []
 
 
 def test_client_serves_successive_event_loops(server):

@@ -54,11 +54,13 @@ import math
 import os
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Self
 
-import httpx
+import aiohttp
 
 from jaxagent.envs.user_config import LLMUserConfig
 from jaxagent.envs.user_prompt import flip_roles, render_system_prompt
@@ -67,7 +69,7 @@ from jaxagent.envs.user_reply import parse_reply
 logger = logging.getLogger(__name__)
 
 __all__ = ["FAILURE_KINDS", "CallStats", "LLMUserClient", "LLMUserConfig", "SimulatorError", "UserReply",
-           "collect_call_stats", "failure_kind", "parse_retry_after"]
+           "collect_call_stats", "env_proxy", "failure_kind", "parse_retry_after"]
 
 _RETRYABLE_STATUS = frozenset({408, 429})
 _EXCERPT_CHARS = 300
@@ -217,6 +219,23 @@ class _BadBody(Exception):
         self.kind = kind
 
 
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTP_PROXY`` / ``HTTPS_PROXY`` by its scheme,
+    lower or upper case), or None when there is none or ``NO_PROXY`` exempts its host."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.hostname is None or urllib.request.proxy_bypass_environment(parts.hostname):
+        return None
+    return urllib.request.getproxies_environment().get(parts.scheme) or None
+
+
+async def _closed_with_loop(http: aiohttp.ClientSession) -> AsyncGenerator[None, None]:
+    """Yields once; closes ``http`` when finalised (see `LLMUserClient._bind`)."""
+    try:
+        yield
+    finally:
+        await http.close()
+
+
 class LLMUserClient:
     """Async OpenAI-compatible user-simulator client (see the module docstring). Use as
     ``async with LLMUserClient(config) as user:`` or call :meth:`aclose`. Usable from successive event
@@ -236,26 +255,39 @@ class LLMUserClient:
         self._rng = rng if rng is not None else random.Random(config.seed)
         self._closed = False
         self.stats = CallStats()  # every call of this client (see collect_call_stats for a task's own)
-        # The HTTP connection pool and the concurrency semaphore belong to one event loop: they are
-        # made for the loop that first uses them and made again when another loop calls (a job that
-        # runs each evaluation in its own ``asyncio.run``); the old loop's connections died with it.
+        # The HTTP session (aiohttp: its per-request CPU cost is about a fifth of httpx's, see
+        # docs/BENCHMARKS.md) and the concurrency semaphore belong to one event loop: they are made
+        # for the loop that first uses them and made again when another loop calls (a job that runs
+        # each evaluation in its own ``asyncio.run``), and closed when their loop ends (`_bind`).
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._http: httpx.AsyncClient | None = None
+        self._http: aiohttp.ClientSession | None = None
         self._semaphore: asyncio.Semaphore | None = None
+        self._closer: AsyncGenerator[None, None] | None = None
+        self._proxy: str | None = None
 
-    async def _bind(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+    async def _bind(self) -> tuple[aiohttp.ClientSession, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._http is None:
             await self._drop_http()
             c = self.config
-            self._http = httpx.AsyncClient(
-                timeout=httpx.Timeout(c.read_timeout_s, connect=c.connect_timeout_s,
-                                      pool=c.connect_timeout_s + c.read_timeout_s),
-                limits=httpx.Limits(max_connections=c.max_concurrency, max_keepalive_connections=c.max_concurrency),
-                trust_env=c.trust_env,
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=c.max_concurrency, limit_per_host=c.max_concurrency),
+                # no bound on the whole call (a slow but steady answer is fine); each connect and
+                # each read is bounded
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=c.connect_timeout_s, sock_read=c.read_timeout_s),
+                # aiohttp's own trust_env looks the proxy and ~/.netrc up in a worker thread on
+                # every request (two thread hops, more CPU than the request itself): the proxy is
+                # looked up here, once per session
+                trust_env=False,
             )
+            self._proxy = env_proxy(c.url) if c.trust_env else None
             self._semaphore = asyncio.Semaphore(c.max_concurrency)
             self._loop = loop
+            # An open async generator is finalised by ``asyncio.run`` before it closes the loop
+            # (``loop.shutdown_asyncgens``): this one's ``finally`` then closes the session's sockets
+            # in their own loop, where a later loop could only drop them.
+            self._closer = _closed_with_loop(self._http)
+            await anext(self._closer)
         return self._http, self._semaphore
 
     def __repr__(self) -> str:
@@ -272,14 +304,14 @@ class LLMUserClient:
         await self.aclose()
 
     async def _drop_http(self) -> None:
-        """Closes the current connection pool; one made in an event loop that has ended can only
-        be dropped (its sockets went with the loop), so a failure to close it is ignored."""
-        http, self._http, self._semaphore, self._loop = self._http, None, None, None
+        """Closes the current HTTP session (one of an event loop that has ended was closed there,
+        see `_bind`; closing it again is a no-op)."""
+        http, closer = self._http, self._closer
+        self._http, self._semaphore, self._loop, self._closer = None, None, None, None
+        if closer is not None:
+            await closer.aclose()  # a no-op when its loop's end has run it already
         if http is not None:
-            try:
-                await http.aclose()
-            except Exception:  # noqa: BLE001 - the old loop's transports are gone already
-                logger.debug("user simulator: dropped an HTTP pool of an ended event loop")
+            await http.close()
 
     async def aclose(self) -> None:
         self._closed = True
@@ -374,6 +406,7 @@ class LLMUserClient:
         if c.max_tokens is not None:
             payload["max_tokens"] = c.max_tokens
         payload.update(extra or {})
+        data = json.dumps(payload).encode()  # once, for every attempt
         headers = {"Content-Type": "application/json"}
         if self._key is not None:
             headers["Authorization"] = f"Bearer {self._key.get()}"
@@ -389,14 +422,13 @@ class LLMUserClient:
                 st.attempts += 1
             retry_after = None
             try:
-                async with semaphore:
-                    response = await http.post(c.url, json=payload, headers=headers)
-            except httpx.TimeoutException as e:
+                async with semaphore, http.post(c.url, data=data, headers=headers, proxy=self._proxy) as response:
+                    status, body, retry_header = response.status, await response.read(), response.headers.get("retry-after")
+            except TimeoutError as e:  # connect or read timeouts (aiohttp's are TimeoutErrors too)
                 status, excerpt, reason, kind = None, "", f"timeout ({type(e).__name__})", "timeout"
-            except httpx.RequestError as e:  # connection errors, truncated bodies, decoding errors
+            except aiohttp.ClientError as e:  # connection errors, truncated bodies, decoding errors
                 status, excerpt, reason, kind = None, "", self._redact(f"{type(e).__name__}: {e}"), "connection"
             else:
-                status, body = response.status_code, response.content
                 if 200 <= status < 300:
                     try:
                         message, usage = self._message(body, require_content)
@@ -407,7 +439,7 @@ class LLMUserClient:
                 elif status in _RETRYABLE_STATUS or 500 <= status < 600:
                     excerpt, kind = self._excerpt(body), failure_kind(status)
                     reason = f"HTTP {status}: {excerpt!r}"
-                    retry_after = parse_retry_after(response.headers.get("retry-after"))
+                    retry_after = parse_retry_after(retry_header)
                 else:
                     excerpt, kind = self._excerpt(body), failure_kind(status)
                     for st in counters:

@@ -51,7 +51,7 @@ class LLMUserConfig:
     opening_message: str = "Hi! How can I help you today?"
     max_tokens: int | None = 512
     json_mode: bool = False  # also send response_format={"type": "json_object"} (not every server has it)
-    trust_env: bool = True  # httpx: honour HTTP(S)_PROXY / NO_PROXY / SSL_CERT_FILE from the environment
+    trust_env: bool = True  # honour HTTP(S)_PROXY / NO_PROXY from the environment
     seed: int | None = None  # the backoff jitter's RNG
 
     def __post_init__(self):

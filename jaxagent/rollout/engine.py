@@ -428,8 +428,8 @@ class GenerationEngine:
             toks = np.zeros((A, T), np.int32)
             for a, new in enumerate(news):
                 toks[a, : len(new)] = new
-            self.logits, self.cache = _prefill(self.params, self.cache, jnp.asarray(rows), jnp.asarray(toks),
-                                               jnp.asarray(n_new), jnp.asarray(rollback), self.logits,
+            # numpy in: jit transfers it with the call (jnp.asarray would compile a staging op per new shape)
+            self.logits, self.cache = _prefill(self.params, self.cache, rows, toks, n_new, rollback, self.logits,
                                                config=self.config, window=window)
             self.stats["prefill_tokens"] += int(n_new.sum())
         run = [(s, r) for s, r in enumerate(self.running) if r is not None]

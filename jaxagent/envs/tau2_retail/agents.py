@@ -219,7 +219,7 @@ class EndpointConfig:
     backoff_max_s: float = 30.0
     retry_after_max_s: float = 120.0
     max_tokens: int | None = 512
-    trust_env: bool = True  # httpx: honour HTTP(S)_PROXY / NO_PROXY / SSL_CERT_FILE from the environment
+    trust_env: bool = True  # honour HTTP(S)_PROXY / NO_PROXY from the environment
     seed: int | None = None  # the backoff jitter's RNG
 
     def __post_init__(self):
