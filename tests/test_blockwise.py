@@ -178,7 +178,7 @@ def test_the_shared_prefix_infogain_scorer_with_blockwise_attention(blockwise_ca
 
 
 def test_attn_impl_is_validated_and_comes_from_the_run_config():
-    with pytest.raises(ConfigError, match="attn_impl.*'xla', 'cudnn', 'blockwise' or 'auto'"):
+    with pytest.raises(ConfigError, match="attn_impl.*'xla', 'cudnn', 'blockwise', 'splash' or 'auto'"):
         CFG.replace(attn_impl="flash")
     assert "attn_impl" not in CFG.replace(attn_impl="blockwise").to_hf_dict()
     from jaxagent.jobs.build import build_model, model_config
@@ -191,16 +191,20 @@ def test_attn_impl_is_validated_and_comes_from_the_run_config():
     if jax.default_backend() != "gpu":
         with pytest.raises(configlib.ConfigError, match="model.attn_impl=.cudnn.: needs a GPU backend"):
             build_model(load_config(overrides=["model.attn_impl=cudnn", "model.path=/nonexistent"]), None, None)
+    if jax.default_backend() != "tpu":
+        with pytest.raises(configlib.ConfigError, match="model.attn_impl=.splash.: needs a TPU backend"):
+            build_model(load_config(overrides=["model.attn_impl=splash", "model.path=/nonexistent"]), None, None)
 
 
 def test_auto_is_blockwise_on_a_cpu_cudnn_on_a_gpu_for_16_bit():
     from jaxagent.models.attention import resolve_impl
 
     backend = jax.default_backend()
-    want32 = {"cpu": "blockwise", "gpu": "xla"}.get(backend, "xla")
-    want16 = {"cpu": "blockwise", "gpu": "cudnn"}.get(backend, "xla")
+    want32 = {"cpu": "blockwise", "gpu": "xla", "tpu": "splash"}.get(backend, "xla")
+    want16 = {"cpu": "blockwise", "gpu": "cudnn", "tpu": "splash"}.get(backend, "xla")
     assert resolve_impl("auto", jnp.float32) == want32 and resolve_impl("auto", jnp.bfloat16) == want16
-    assert [resolve_impl(i, jnp.float32) for i in ("xla", "cudnn", "blockwise")] == ["xla", "cudnn", "blockwise"]
+    impls = ("xla", "cudnn", "blockwise", "splash")
+    assert [resolve_impl(i, jnp.float32) for i in impls] == list(impls)
     from jaxagent.jobs.config import load_config
 
     assert load_config().model.attn_impl == "auto"  # what runs get unless they say otherwise

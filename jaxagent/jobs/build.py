@@ -62,6 +62,10 @@ def build_model(cfg: RunConfig, tok: Tokenizer, rules: LogicalRules) -> tuple[Qw
         raise configlib.ConfigError(
             f"model.attn_impl='cudnn': needs a GPU backend and model.dtype=bfloat16 (have {jax.default_backend()}, "
             f"{m.dtype}); use 'xla' or 'blockwise'")
+    if m.attn_impl == "splash" and jax.default_backend() != "tpu":
+        raise configlib.ConfigError(
+            f"model.attn_impl='splash': needs a TPU backend (have {jax.default_backend()}; off a TPU the kernel only "
+            "runs in Pallas's interpreter, for tests); use 'auto', 'xla' or 'blockwise'")
     if m.path is not None:
         if (Path(m.path) / "config.json").is_file():  # else load_pretrained names what is missing
             check_vocab(cfg, tok, model_config(cfg, tok.vocab_size))

@@ -84,9 +84,10 @@ class ModelSection:
     dtype: Literal["float32", "bfloat16"] = _help("float32", "compute dtype")
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     remat: Literal["none", "full", "dots"] = "none"
-    attn_impl: Literal["auto", "xla", "cudnn", "blockwise"] = _help(
-        "auto", "attention: xla (L x S scores), cudnn (GPU, 16-bit), blockwise (memory linear in L); auto: "
-        "blockwise on a CPU, cudnn on a GPU for 16-bit compute, else xla")
+    attn_impl: Literal["auto", "xla", "cudnn", "blockwise", "splash"] = _help(
+        "auto", "attention: xla (L x S scores), cudnn (GPU, 16-bit), blockwise (memory linear in L), splash (TPU: "
+        "the Pallas splash kernel where it applies, else blockwise); auto: blockwise on a CPU, cudnn on a GPU for "
+        "16-bit compute, splash on a TPU (else xla there), else xla")
     init_seed: int = 0
     initializer_range: float | None = _help(
         None, "std of the random initial weights (presets only; null: the preset's, 0.02 as transformers)")

@@ -1,5 +1,6 @@
-"""Attention: the "which keys may each query see" structure and three implementations (plain
-XLA, cuDNN's fused kernel, and `jaxagent.models.blockwise`: memory linear in L).
+"""Attention: the "which keys may each query see" structure and four implementations (plain
+XLA, cuDNN's fused kernel, `jaxagent.models.blockwise`: memory linear in L, and on a TPU the Pallas
+splash kernel, `jaxagent.models.splash`).
 
 Shapes: B batch, L query length, S key length, N query heads, K key/value heads (GQA: N % K == 0),
 G = N // K, H head dim.
@@ -24,8 +25,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxagent.models.blockwise import attention_blockwise
+from jaxagent.models.splash import attention_splash, splash_applies
 
-AttnImpl = Literal["xla", "cudnn", "blockwise", "auto"]
+AttnImpl = Literal["xla", "cudnn", "blockwise", "splash", "auto"]
+IMPLS = ("xla", "cudnn", "blockwise", "splash", "auto")
 _NEG = -1e30  # finite, so fully-masked rows stay finite
 # The XLA path's causal key skipping: query blocks of at least this size, at most this many
 # blocks (each block is a separately shaped matmul, unrolled in the compiled program).
@@ -119,16 +122,19 @@ def attention_xla_causal_blocks(
     return jnp.concatenate(outs, axis=1)
 
 
-def resolve_impl(impl: AttnImpl, dtype) -> Literal["xla", "cudnn", "blockwise"]:
+def resolve_impl(impl: AttnImpl, dtype) -> Literal["xla", "cudnn", "blockwise", "splash"]:
     """``auto`` picks cudnn on a GPU for 16-bit compute, blockwise on a CPU (less memory and
-    faster than XLA from 1k tokens up, docs/BENCHMARKS.md), else XLA."""
-    if impl not in ("xla", "cudnn", "blockwise", "auto"):
-        raise ValueError(f"attn_impl={impl!r}: expected 'xla', 'cudnn', 'blockwise' or 'auto'")
+    faster than XLA from 1k tokens up, docs/BENCHMARKS.md), splash on a TPU (where its structure
+    applies, else XLA: see `attention`), else XLA."""
+    if impl not in IMPLS:
+        raise ValueError(f"attn_impl={impl!r}: expected one of {', '.join(map(repr, IMPLS))}")
     if impl != "auto":
         return impl
     backend = jax.default_backend()
     if backend == "cpu":
         return "blockwise"
+    if backend == "tpu":
+        return "splash"
     is_16bit = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     return "cudnn" if backend == "gpu" and is_16bit else "xla"
 
@@ -150,11 +156,18 @@ def attention(
     fp16/bf16 only): a pure causal structure uses its built-in causal mask, anything else passes
     the boolean structure as ``mask``. ``impl="blockwise"`` walks [512, 512] query x key blocks
     with an online softmax and a recomputing backward (`attention_blockwise`): no L x S scores,
-    any backend. Returns [B, L, N, H] in the dtype of ``q``.
+    any backend. ``impl="splash"`` runs the Pallas splash kernel (`attention_splash`; Pallas's
+    interpreter off a TPU) where it applies (self-attention, no ``mask_BLS``, L a multiple of
+    128) and the blockwise path elsewhere (``auto`` on a TPU: XLA elsewhere, as before).
+    Returns [B, L, N, H] in the dtype of ``q``.
     """
     B, L = q_BLNH.shape[:2]
     S = k_BSKH.shape[1]
-    impl = resolve_impl(impl, q_BLNH.dtype)
+    requested, impl = impl, resolve_impl(impl, q_BLNH.dtype)
+    if impl == "splash":
+        if splash_applies(L, S, mask_BLS):
+            return attention_splash(q_BLNH, k_BSKH, v_BSKH, scale=scale, causal=causal, segment_ids_BL=segment_ids_BL)
+        impl = "blockwise" if requested == "splash" else "xla"
     if impl == "blockwise":
         return attention_blockwise(
             q_BLNH, k_BSKH, v_BSKH, scale=scale, causal=causal, segment_ids_BL=segment_ids_BL, mask_BLS=mask_BLS

@@ -192,8 +192,8 @@ class QwenConfig:
         _require(self.rope_theta > 0, "rope_theta", self.rope_theta, "a positive number")
         _require(self.rms_norm_eps > 0, "rms_norm_eps", self.rms_norm_eps, "a positive number")
         _require(self.remat in ("none", "full", "dots"), "remat", self.remat, "'none', 'full' or 'dots'")
-        _require(self.attn_impl in ("xla", "cudnn", "blockwise", "auto"), "attn_impl", self.attn_impl,
-                 "'xla', 'cudnn', 'blockwise' or 'auto'")
+        _require(self.attn_impl in ("xla", "cudnn", "blockwise", "splash", "auto"), "attn_impl", self.attn_impl,
+                 "'xla', 'cudnn', 'blockwise', 'splash' or 'auto'")
         _require(self.lora is None or isinstance(self.lora, LoraSpec), "lora", self.lora, "a LoraSpec or None")
         rs = self.rope_scaling
         _require(
