@@ -255,10 +255,11 @@ class LLMUserClient:
         self._rng = rng if rng is not None else random.Random(config.seed)
         self._closed = False
         self.stats = CallStats()  # every call of this client (see collect_call_stats for a task's own)
-        # The HTTP session (aiohttp: its per-request CPU cost is about a fifth of httpx's, see
-        # docs/BENCHMARKS.md) and the concurrency semaphore belong to one event loop: they are made
-        # for the loop that first uses them and made again when another loop calls (a job that runs
-        # each evaluation in its own ``asyncio.run``), and closed when their loop ends (`_bind`).
+        # The HTTP session (aiohttp: a third of httpx's CPU per request at 8 in flight, a
+        # twenty-eighth at 64: scripts/bench_sim_client.py, docs/BENCHMARKS.md) and the concurrency
+        # semaphore belong to one event loop: they are made for the loop that first uses them and
+        # made again when another loop calls (a job that runs each evaluation in its own
+        # ``asyncio.run``), and closed when their loop ends (`_bind`).
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http: aiohttp.ClientSession | None = None
         self._semaphore: asyncio.Semaphore | None = None
@@ -406,7 +407,7 @@ class LLMUserClient:
         if c.max_tokens is not None:
             payload["max_tokens"] = c.max_tokens
         payload.update(extra or {})
-        data = json.dumps(payload).encode()  # once, for every attempt
+        data = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode()  # once, for every attempt
         headers = {"Content-Type": "application/json"}
         if self._key is not None:
             headers["Authorization"] = f"Bearer {self._key.get()}"
