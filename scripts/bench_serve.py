@@ -40,6 +40,10 @@ import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+try:
+    import jaxagent  # noqa: F401
+except ImportError:  # run from a checkout without an install
+    sys.path.insert(0, str(ROOT))
 
 
 def start_server(args, slots: int) -> tuple[subprocess.Popen, str]:

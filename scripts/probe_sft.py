@@ -23,6 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+try:
+    import jaxagent  # noqa: F401
+except ImportError:  # run from a checkout without an install
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
 from jaxagent.jobs.config import load_config
 from jaxagent.envs.gyms.demos import expert_demos, render_demo
 from jaxagent.envs.gyms.intention import DOMAINS
