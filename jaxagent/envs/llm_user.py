@@ -305,14 +305,12 @@ class LLMUserClient:
         await self.aclose()
 
     async def _drop_http(self) -> None:
-        """Closes the current HTTP session (one of an event loop that has ended was closed there,
-        see `_bind`; closing it again is a no-op)."""
-        http, closer = self._http, self._closer
+        """Closes the current HTTP session through its closer (`_bind`): a no-op when the end of
+        the session's event loop has closed it already."""
+        closer = self._closer
         self._http, self._semaphore, self._loop, self._closer = None, None, None, None
         if closer is not None:
-            await closer.aclose()  # a no-op when its loop's end has run it already
-        if http is not None:
-            await http.close()
+            await closer.aclose()
 
     async def aclose(self) -> None:
         self._closed = True

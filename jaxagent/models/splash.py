@@ -87,7 +87,6 @@ def attention_splash(
         out = jax.vmap(jax.vmap(kernel))(q, k, v)
     else:
         seg = segment_ids_BL.astype(jnp.int32)
-
         segment_ids = _modules()[0].SegmentIds
 
         def one_example(q_KGLH, k_KLH, v_KLH, seg_L):
