@@ -17,7 +17,11 @@ The simulator client allows one request in flight per episode by default
 (``--user-concurrency``): with fewer, the simulator's throughput (connections / delay) can bound
 the run rather than the loop. Reports episodes/s of each and their ratio, the fraction of our wall
 time the device was busy, and of the engine's span (its first call's start to its last call's end:
-before it the first prompts are made, after it only the last users' answers are awaited), prefill tokens with prefix reuse against without (the whole prompt every turn), and, for both
+before it the first prompts are made, after it only the last users' answers are awaited), the
+most a loop with no host time at all could read with the same engine calls
+(``device_busy_bound``: device time / (device time + one user delay), since every episode ends
+with its user's answer to its last turn), prefill tokens with prefix reuse against without (the
+whole prompt every turn), and, for both
 loops, the episodes that failed and the simulator's HTTP attempts, retries and failed attempts by
 cause (``--fault-rate`` makes the server fail that share of calls with a 500; those are retried,
 and an episode fails when its retries run out: in the lockstep loop it stops there, counted as
@@ -53,6 +57,7 @@ from jaxagent.envs.user_env import LLMUserEnv
 from jaxagent.models import init_params, preset, preset_names
 from jaxagent.models.generate import SamplingParams, init_cache, jit_extend, jit_generate, row_keys
 from jaxagent.rollout import EpisodeConfig, GenerationEngine, run_episodes
+from jaxagent.rollout import engine as engine_module
 from jaxagent.rollout.loop import turn_key_data
 from jaxagent.text import ChatRenderer, load_tokenizer
 from jaxagent.text.toolcalls import parse_assistant
@@ -121,10 +126,37 @@ def start_simulator(delay: float, fault_rate: float, where: str) -> tuple[int, o
 class TimedEngine(GenerationEngine):
     """Stamps the start of its first call and the end of its last one: the span in which the
     device could be kept busy (before it, the first prompts are being made; after it, the last
-    users are answering and nothing is left to generate)."""
+    users are answering and nothing is left to generate); and times what the engine does between
+    its calls: the settle (event-loop turns given to sessions on their way back, in which their
+    host work runs) and its own bookkeeping (dropping cancelled requests, releases, admission)."""
 
     first_call: float | None = None
     last_call_end: float | None = None
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.between = {"settle_s": 0.0, "bookkeeping_s": 0.0}
+
+    async def _settle(self):
+        t = time.perf_counter()
+        await super()._settle()
+        self.between["settle_s"] += time.perf_counter() - t
+
+    def _timed(self, method):
+        t = time.perf_counter()
+        try:
+            return method()
+        finally:
+            self.between["bookkeeping_s"] += time.perf_counter() - t
+
+    def _drop_cancelled(self):
+        return self._timed(super()._drop_cancelled)
+
+    def _apply_releases(self):
+        return self._timed(super()._apply_releases)
+
+    def _admit(self):
+        return self._timed(super()._admit)
 
     def _step(self, admitted):
         if self.first_call is None:
@@ -155,8 +187,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--simulator", choices=("process", "thread"), default="process",
                     help="where the user simulator's HTTP server runs: its own process (as a remote simulator), or "
                          "a thread of this one (its request handling then competes with the loop for the GIL)")
+    ap.add_argument("--settle-turns", type=int, default=None,
+                    help="an experiment: the event-loop turns the engine gives sessions on their way back after "
+                         "each call (default: the engine's own, 16; 0 turns the settle off)")
+    ap.add_argument("--no-lockstep", action="store_true", help="run ours only (the lockstep keys are null)")
     ap.add_argument("--tokenizer", default=str(ROOT / "tests" / "fixtures" / "tokenizer_qwen"))
     args = ap.parse_args(argv)
+    if args.settle_turns is not None:
+        engine_module._SETTLE_TURNS = args.settle_turns
 
     tok = load_tokenizer(args.tokenizer)
     cfg = preset(args.shape, vocab_size=tok.vocab_size, max_position_embeddings=max(2048, args.capacity))
@@ -210,6 +248,7 @@ def main(argv=None) -> dict:
         await client.aclose()
         span = {"head_s": engine.first_call - t0, "span_s": engine.last_call_end - engine.first_call,
                 "tail_s": t0 + wall - engine.last_call_end}
+        span.update(engine.between)
         return trajs, wall, dict(engine.stats), client.stats.as_dict(), span
 
     async def lockstep_chunk(client, chunk, turn_key, failures):
@@ -277,7 +316,11 @@ def main(argv=None) -> dict:
         return wall, prefill, failures, client.stats.as_dict()
 
     trajs, wall_ours, stats, sim_ours, span = asyncio.run(ours())
-    wall_lock, prefill_lock, lock_failures, sim_lock = asyncio.run(lockstep())
+    if args.no_lockstep:
+        wall_lock, prefill_lock, lock_failures = None, None, {"episodes": None, "errors": None, "last_error": None}
+        sim_lock = {"attempts": None, "retries": None, "failures": None}
+    else:
+        wall_lock, prefill_lock, lock_failures, sim_lock = asyncio.run(lockstep())
     if args.simulator == "thread":
         simulator.shutdown()
     else:
@@ -294,12 +337,18 @@ def main(argv=None) -> dict:
         "user_delay_s": args.user_delay,
         "fault_rate": args.fault_rate, "simulator": args.simulator,
         "episodes_per_s": n_episodes / wall_ours,
-        "lockstep_episodes_per_s": n_episodes / wall_lock,
-        "speedup_vs_lockstep": wall_lock / wall_ours,
+        "lockstep_episodes_per_s": n_episodes / wall_lock if wall_lock else None,
+        "speedup_vs_lockstep": wall_lock / wall_ours if wall_lock else None,
         "device_busy_fraction": stats["device_s"] / wall_ours,
         # the same over the engine's span: from its first call's start to its last call's end
         "device_busy_in_span": stats["device_s"] / span["span_s"],
         "engine_span_s": span["span_s"], "head_s": span["head_s"], "tail_s": span["tail_s"],
+        # the most any loop could read with these engine calls: every episode ends with its user's
+        # answer to its last turn, so at least one user delay follows the last generation
+        "device_busy_bound": stats["device_s"] / (stats["device_s"] + args.user_delay),
+        # between the engine's calls: the settle (sessions' host work runs in its turns) and its bookkeeping
+        "settle_s": span["settle_s"], "bookkeeping_s": span["bookkeeping_s"],
+        "settle_turns_setting": engine_module._SETTLE_TURNS,
         "user_concurrency": user_cfg.max_concurrency,
         "prefill_tokens_with_reuse": stats["prefill_tokens"],
         "prefill_tokens_without_reuse": without_reuse,

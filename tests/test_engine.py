@@ -3,6 +3,7 @@ prefix reuse across turns, and eviction falling back to a full prefill."""
 
 import asyncio
 import time
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -186,6 +187,8 @@ def _admissions_and_results(host_s: float):
 
     def logged(admitted):
         calls.append(sorted(r.session for r in admitted))
+        # the settle's count per boundary is the sessions still out with a result of that boundary
+        assert engine._awaited == Counter(engine._delivered.values())
         return step(admitted)
 
     engine._step = logged
@@ -206,7 +209,9 @@ def _admissions_and_results(host_s: float):
     async def main():
         return await asyncio.gather(*(session(i) for i in range(6)))
 
-    return calls, asyncio.run(main())
+    results = asyncio.run(main())
+    assert not engine._delivered and not engine._awaited  # every session came back or was released
+    return calls, results
 
 
 def test_admission_does_not_depend_on_how_fast_sessions_come_back():

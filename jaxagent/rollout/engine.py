@@ -33,7 +33,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-from collections import OrderedDict
+import heapq
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 
 import jax
@@ -200,9 +201,11 @@ class GenerationEngine:
         # which each session that has not come back got its result, releases not applied yet.
         self._boundary = 0
         self._delivered: dict[str, int] = {}
+        self._awaited: Counter[int] = Counter()  # boundary -> sessions in _delivered with it (the settle's test)
         self._deferred: list[tuple[str, int]] = []
         self._seq = 0
         self._stepping = False
+        self._cancelled = False  # a request was cancelled since the last boundary
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -263,7 +266,7 @@ class GenerationEngine:
             self._task = loop.create_task(self._run())
         data = key if isinstance(key, np.ndarray) else jax.random.key_data(key)  # raw data: no device call
         req = _Request(session, list(prompt), sampling, np.asarray(data, np.uint32),
-                       loop.create_future(), ready=self._delivered.pop(session, -1) + 1, seq=self._seq,
+                       loop.create_future(), ready=self._take_delivered(session) + 1, seq=self._seq,
                        on_tokens=on_tokens)
         self._seq += 1
         self.pending.append(req)
@@ -272,6 +275,7 @@ class GenerationEngine:
             return await req.future
         except asyncio.CancelledError:
             req.future.cancel()  # the engine drops it at the next call boundary (`_drop_cancelled`)
+            self._cancelled = True
             if self._wake is not None:
                 self._wake.set()
             raise
@@ -287,13 +291,14 @@ class GenerationEngine:
         self.lru.clear()
         self.parked.clear()
         self._delivered.clear()
+        self._awaited.clear()
         self._deferred.clear()
 
     def release(self, session: str) -> None:
         """Forgets a finished session's cache contents (its lane or parked row becomes free): at
         once, or, while an engine call runs or before the session has had one call to come back
         in, when the next call starts (see the module docstring)."""
-        delivered = self._delivered.pop(session, -1)
+        delivered = self._take_delivered(session)
         serving = self._task is not None and not self._task.done()
         if self._stepping or (serving and delivered >= self._boundary):
             self._deferred.append((session, delivered))
@@ -307,11 +312,27 @@ class GenerationEngine:
         self.parked.pop(session, None)
 
     # ------------------------------------------------------------------ scheduling
+    def _deliver(self, session: str) -> None:
+        """Notes that ``session`` got its result at the current boundary."""
+        self._take_delivered(session)
+        self._delivered[session] = self._boundary
+        self._awaited[self._boundary] += 1
+
+    def _take_delivered(self, session: str) -> int:
+        """The boundary at which ``session`` got its last result (-1: none since it came back)."""
+        b = self._delivered.pop(session, None)
+        if b is None:
+            return -1
+        self._awaited[b] -= 1
+        if not self._awaited[b]:
+            del self._awaited[b]
+        return b
+
     async def _settle(self) -> None:
         """Gives the sessions that got their result one call ago a bounded number of event-loop
         turns to come back (a next request or a release) before the next admission."""
         for _ in range(_SETTLE_TURNS):
-            if not any(b == self._boundary - 1 for b in self._delivered.values()):
+            if not self._awaited.get(self._boundary - 1):  # O(1): a count, not a scan of every session
                 return
             await asyncio.sleep(0)
 
@@ -320,7 +341,9 @@ class GenerationEngine:
         running one frees its lane, which keeps the tokens its cache holds (the prompt and every
         token decoded so far were all written: the row was still alive), so the session's next
         turn reuses them."""
-        self.pending = [r for r in self.pending if not r.future.done()]
+        if self._cancelled:  # only a cancelled caller ends a pending request's future (no scan otherwise)
+            self.pending = [r for r in self.pending if not r.future.done()]
+            self._cancelled = False
         for s, req in enumerate(self.running):
             if req is not None and req.future.done():  # cancelled, or its on_tokens failed
                 self.held[s] = req.prompt + req.out
@@ -338,7 +361,14 @@ class GenerationEngine:
         (boundary they became admissible, arrival) (host bookkeeping only; copies happen in
         `_step`)."""
         admitted = []
-        for req in sorted((r for r in self.pending if r.ready <= self._boundary), key=lambda r: (r.ready, r.seq)):
+        idle = sum(r is None for r in self.running)  # every way in below takes a lane that runs nothing
+        if not idle:
+            return admitted
+        # the first few in order, without sorting every request that waits (seq is unique: no ties)
+        due = [(r.ready, r.seq, r) for r in self.pending if r.ready <= self._boundary]
+        heapq.heapify(due)
+        while due and idle:
+            req = heapq.heappop(due)[2]
             slot = next((s for s in range(self.slots) if self.owner[s] == req.session
                          and self.running[s] is None), None)
             if slot is None:
@@ -357,6 +387,7 @@ class GenerationEngine:
             self.running[slot] = req
             self.pending.remove(req)
             admitted.append(req)
+            idle -= 1
         return admitted
 
     def _swap(self, req: _Request) -> None:
@@ -499,6 +530,7 @@ class GenerationEngine:
             self.lru.clear()
             self.parked.clear()
             self._delivered.clear()
+            self._awaited.clear()
             self._deferred.clear()
             self._stepping = False
             self.held = [[] for _ in range(self.slots)]
@@ -532,7 +564,7 @@ class GenerationEngine:
             self._tell([req for req, _, _ in finished])
             for req, stop, truncated in finished:
                 self.lru[req.session] = req.slot
-                self._delivered[req.session] = self._boundary
+                self._deliver(req.session)
                 if not req.future.done():
                     req.future.set_result(EngineResult(req.out, req.lpp, req.lps, stop, truncated,
                                                        req.prefill_tokens))
