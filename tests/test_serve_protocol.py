@@ -1,5 +1,6 @@
 """The server's pure parts: request validation (every refusal names its field), the streamed text
-split (deltas add up to the final split, whatever the chunking), stop strings, the session index."""
+split (deltas add up to the final split, whatever the chunking), stop strings, the session index,
+the requests' keys."""
 
 import numpy as np
 import pytest
@@ -7,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxagent.serve.protocol import APIError, parse_chat, parse_completion
-from jaxagent.serve.server import MIN_REUSE, SessionIndex
+from jaxagent.serve.server import MIN_REUSE, SessionIndex, request_key_data, splitmix64
 from jaxagent.serve.streaming import TextStream, _held_tail, cut_at_stop, visible
 from jaxagent.text.toolcalls import parse_assistant
 
@@ -218,3 +219,26 @@ def test_the_listening_socket_is_tcp_without_nagle():
         accepted.close()
     finally:
         sock.close()
+
+
+def test_splitmix64_gives_the_published_sequence():
+    # SplitMix64 from seed 1234567: the reference outputs of Vigna's splitmix64.c
+    assert [splitmix64(1234567, i) for i in range(1, 6)] == [
+        6457827717110365317, 3203168211198807973, 9817491932198370423, 4593380528125082431, 16408922859458223821]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-(2 ** 70), 2 ** 70), st.integers(1, 8))
+def test_request_keys_are_the_sequence_split_into_words(seed, n):
+    data = request_key_data(seed, n)
+    assert data.shape == (n, 2) and data.dtype == np.uint32
+    for j in range(n):
+        z = splitmix64(seed % 2 ** 64, j + 1)
+        assert (int(data[j, 0]) << 32) | int(data[j, 1]) == z
+    assert len({tuple(r) for r in data.tolist()}) == n  # the choices of one request differ
+    assert (request_key_data(seed, n) == data).all()  # the same seed, the same keys
+
+
+def test_request_keys_differ_across_seeds():
+    rows = {tuple(request_key_data(s, 1)[0]) for s in range(10_000)}
+    assert len(rows) == 10_000
