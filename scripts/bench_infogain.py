@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.credit.infogain import infogain_valid_turns
+from jaxagent.credit.batch import infogain_valid_turns
 from jaxagent.rollout.batch import packed_length
 from jaxagent.train.infogain import compute_infogain
 from jaxagent.rollout.synthetic import synthetic_batch

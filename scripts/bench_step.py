@@ -55,7 +55,7 @@ import numpy as np
 
 from jaxagent.jobs.config import load_config
 from jaxagent.configlib import ConfigError
-from jaxagent.credit.infogain import infogain_valid_turns
+from jaxagent.credit.batch import infogain_valid_turns
 from jaxagent.rollout.batch import packed_length
 from jaxagent.train.infogain import compute_infogain
 from jaxagent.models import LogicalRules, make_mesh, preset_names

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax.numpy as jnp  # noqa: E402
 
-from jaxagent.credit.fusion import InfoPOConfig  # noqa: E402
+from jaxagent.credit.infopo import InfoPOConfig  # noqa: E402
 from jaxagent.credit.losses import PPOConfig  # noqa: E402
 from jaxagent.credit.reaction import FacaConfig  # noqa: E402
 from jaxagent.models import LogicalRules, make_mesh, preset  # noqa: E402

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jaxagent.credit.fusion import (
+from jaxagent.credit.fusion import fuse
+from jaxagent.credit.infopo import (
     InfoPOConfig,
     broadcast_turns,
-    fuse,
     gate_per_group,
     infogain_valid_turns,
     normalize_turn_rewards,

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from jaxagent.jobs.config import load_config
-from jaxagent.credit.fusion import zero_advantage_group_share
+from jaxagent.credit.grpo import zero_advantage_group_share
 from jaxagent.jobs import attribution
 from jaxagent.eval.report import diagnostics_figure, plot_run, summary_table
 from jaxagent.train.step import TrainState, make_update

@@ -1,24 +1,26 @@
-"""Credit assignment and losses (pure ``jax.numpy``): advantages, info-gain, reaction credit,
-PPO/KL/entropy/DPO/SFT losses."""
+"""Credit assignment and losses (pure ``jax.numpy``): credit terms (GRPO, InfoPO, Faca, and any
+registered one) fused into one advantage, the info-gain kernels, PPO/KL/entropy/DPO/SFT losses."""
 
-from jaxagent.credit.fusion import (
-    InfoPOConfig,
-    broadcast_turns,
-    fuse,
-    gate_per_group,
-    infogain_valid_turns,
-    normalize_turn_rewards,
-    variance_gate,
-)
-from jaxagent.credit.batch import CreditBatch
-from jaxagent.credit.infogain import InfoGainOutput
+from jaxagent.credit.batch import CreditBatch, infogain_valid_turns
+from jaxagent.credit.fusion import fuse, fuse_terms
 from jaxagent.credit.grpo import (
     GroupStats,
     GRPOConfig,
+    GRPOTerm,
     broadcast_to_tokens,
     group_normalize,
     group_stats,
     grpo_advantage,
+    zero_advantage_group_share,
+)
+from jaxagent.credit.infogain import InfoGainOutput
+from jaxagent.credit.infopo import (
+    InfoPOConfig,
+    InfoPOTerm,
+    broadcast_turns,
+    gate_per_group,
+    normalize_turn_rewards,
+    variance_gate,
 )
 from jaxagent.credit.losses import (
     AGG_MODES,
@@ -43,16 +45,25 @@ from jaxagent.credit.losses import (
 from jaxagent.credit.reaction import (
     DEFAULT_POLARITY,
     FacaConfig,
+    FacaTerm,
     ablate_polarity,
     broadcast_segments,
     polarity_of,
     reaction_advantage,
     reaction_telemetry,
 )
+from jaxagent.credit.registry import CREDIT_TERMS, credit_term_names, make_terms, parse_credit, register_credit_term
+from jaxagent.credit.terms import CreditTerm, FuseContext
 
 __all__ = [
     "AGG_MODES",
+    "CREDIT_TERMS",
     "CreditBatch",
+    "CreditTerm",
+    "FacaTerm",
+    "FuseContext",
+    "GRPOTerm",
+    "InfoPOTerm",
     "InfoGainOutput",
     "DEFAULT_POLARITY",
     "DPO_LOSS_TYPES",
@@ -72,7 +83,12 @@ __all__ = [
     "broadcast_turns",
     "dpo_loss",
     "entropy_bonus",
+    "credit_term_names",
     "fuse",
+    "fuse_terms",
+    "make_terms",
+    "parse_credit",
+    "register_credit_term",
     "gate_per_group",
     "group_normalize",
     "group_stats",
@@ -91,4 +107,5 @@ __all__ = [
     "sequence_logp",
     "sft_loss",
     "variance_gate",
+    "zero_advantage_group_share",
 ]

@@ -56,3 +56,26 @@ class CreditBatch:
         chex.assert_shape([self.reward_B, self.group_id_B], (B,))
         chex.assert_type([self.tokens_BL, self.turn_idx_BL, self.segment_idx_BL, self.group_id_B], jnp.int32)
         return self
+
+
+def infogain_valid_turns(batch: CreditBatch) -> jax.Array:
+    """Turns t that get an information gain, ``[B, T]`` bool.
+
+    t is valid when: action t exists with a non-empty span inside ``[0, L)``; action t+1 exists
+    likewise (so the last turn never is); the feedback o_t span is non-empty, inside ``[0, L)``,
+    and lies between the two actions (``end(a_t) <= start(o_t)``, ``end(o_t) <= start(a_{t+1})``).
+    """
+    L = batch.tokens_BL.shape[1]
+    a_BT2 = jnp.asarray(batch.action_span_BT2, jnp.int32)
+    f_BT2 = jnp.asarray(batch.feedback_span_BT2, jnp.int32)
+    a0, a1 = a_BT2[..., 0], a_BT2[..., 1]
+    f0, f1 = f_BT2[..., 0], f_BT2[..., 1]
+    act_BT = jnp.asarray(batch.turn_valid_BT, bool) & (a0 >= 0) & (a1 > a0) & (a1 <= L)
+    B = act_BT.shape[0]
+    next_act_BT = jnp.concatenate([act_BT[:, 1:], jnp.zeros((B, 1), bool)], axis=1)
+    next_a0 = jnp.concatenate([a0[:, 1:], jnp.zeros((B, 1), jnp.int32)], axis=1)
+    feedback_BT = (f0 >= 0) & (f1 > f0) & (f1 <= L) & (a1 <= f0) & (f1 <= next_a0)
+    return act_BT & next_act_BT & feedback_BT
+
+
+__all__ = ["CreditBatch", "infogain_valid_turns"]

@@ -24,20 +24,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from jaxagent.credit.terms import OUTCOME_TERM, CreditTerm, FuseContext
+
 __all__ = [
     "GRPOConfig",
+    "GRPOTerm",
     "GroupStats",
     "broadcast_to_tokens",
+    "gather_groups",
     "gather_to_tokens",
     "group_normalize",
     "group_stats",
     "grpo_advantage",
     "safe_ratio",
+    "zero_advantage_group_share",
 ]
 
 
@@ -120,7 +125,7 @@ def group_stats(
     count_G = jax.ops.segment_sum(valid_B.astype(jnp.float32), gid_B, num_segments=G)
     denom_G = jnp.maximum(count_G, 1.0)
     mean_G = jax.ops.segment_sum(x_B, gid_B, num_segments=G) / denom_G
-    dev_B = jnp.where(valid_B, x_B - _gather(mean_G, gid_B), 0.0)
+    dev_B = jnp.where(valid_B, x_B - gather_groups(mean_G, gid_B), 0.0)
     var_G = jax.ops.segment_sum(dev_B * dev_B, gid_B, num_segments=G) / denom_G
     hi_G = jax.ops.segment_max(jnp.where(valid_B, x_B, -jnp.inf), gid_B, num_segments=G)
     lo_G = jax.ops.segment_min(jnp.where(valid_B, x_B, jnp.inf), gid_B, num_segments=G)
@@ -128,7 +133,7 @@ def group_stats(
     return GroupStats(mean_G, jnp.sqrt(var_G), count_G, degenerate_G)
 
 
-def _gather(v_G: jax.Array, gid_B: jax.Array) -> jax.Array:
+def gather_groups(v_G: jax.Array, gid_B: jax.Array) -> jax.Array:
     """v_G[gid] with out-of-range ids clipped (callers mask those entries themselves)."""
     return jnp.take(v_G, jnp.clip(gid_B, 0, v_G.shape[0] - 1), axis=0)
 
@@ -157,10 +162,10 @@ def group_normalize(
     gid_B = jnp.asarray(group_id_B, jnp.int32)
     valid_B = jnp.ones((B,), bool) if valid_B is None else jnp.asarray(valid_B, bool)
     stats = group_stats(x_B, gid_B, valid_B, G)
-    centred_B = jnp.where(valid_B, x_B.astype(jnp.float32), 0.0) - _gather(stats.mean_G, gid_B)
+    centred_B = jnp.where(valid_B, x_B.astype(jnp.float32), 0.0) - gather_groups(stats.mean_G, gid_B)
     if normalize_std:
-        centred_B = centred_B / (_gather(stats.std_G, gid_B) + eps)
-    live_B = valid_B & in_range(gid_B, G) & ~_gather(stats.degenerate_G, gid_B)
+        centred_B = centred_B / (gather_groups(stats.std_G, gid_B) + eps)
+    live_B = valid_B & in_range(gid_B, G) & ~gather_groups(stats.degenerate_G, gid_B)
     return jnp.where(live_B, centred_B, 0.0), stats
 
 
@@ -213,3 +218,37 @@ def gather_to_tokens(A_BK: jax.Array, idx_BL: jax.Array, loss_mask_BL: jax.Array
 def safe_ratio(num: jax.Array, den: jax.Array) -> jax.Array:
     """``num / den``, and 0 where ``den <= 0`` (an empty denominator in a share)."""
     return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+
+
+def zero_advantage_group_share(A_ext_B: jax.Array, group_id_B: jax.Array, valid_B: jax.Array) -> jax.Array:
+    """The share of groups (with at least one valid row) whose outcome advantages are all 0: groups
+    whose rewards are all equal (or that have one member), where GRPO has nothing to learn from.
+    A_ext_B, group_id_B (ids in [0, B)), valid_B: [B]. Float32 scalar (0 with no valid group)."""
+    B = A_ext_B.shape[0]
+    valid = jnp.asarray(valid_B, bool)
+    gid = jnp.where(valid, group_id_B, B)  # invalid rows to a dropped bucket
+    members = jax.ops.segment_sum(valid.astype(jnp.float32), gid, num_segments=B + 1)[:B]
+    nonzero = jax.ops.segment_sum((valid & (A_ext_B != 0)).astype(jnp.float32), gid, num_segments=B + 1)[:B]
+    present = members > 0
+    return safe_ratio(jnp.sum(present & (nonzero == 0), dtype=jnp.float32), jnp.sum(present, dtype=jnp.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOTerm(CreditTerm):
+    """The outcome term ``A_ext``: each rollout's `grpo_advantage` (over the rows with tokens) on
+    its agent tokens. Diagnostics: ``A_ext_B`` [B] and ``zero_adv_group_share`` (the share of
+    groups the outcome does not discriminate: `zero_advantage_group_share`)."""
+
+    settings: GRPOConfig = GRPOConfig()
+    name: ClassVar[str] = OUTCOME_TERM
+    cover: ClassVar[str] = "ext"
+    settings_type: ClassVar[type] = GRPOConfig
+
+    def advantage(self, ctx: FuseContext) -> tuple[jax.Array, dict[str, jax.Array]]:
+        batch = ctx.batch
+        A_ext_B = grpo_advantage(batch.reward_B, batch.group_id_B, self.settings, valid_B=ctx.row_valid_B)
+        return broadcast_to_tokens(A_ext_B, batch.loss_mask_BL), {"A_ext_B": A_ext_B}
+
+    def finalize(self, ctx: FuseContext, parts, diag) -> dict[str, jax.Array]:
+        return {"zero_adv_group_share": zero_advantage_group_share(diag["A_ext_B"], ctx.batch.group_id_B,
+                                                                   ctx.row_valid_B)}

@@ -37,8 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxagent.credit.batch import CreditBatch
-from jaxagent.credit.fusion import infogain_valid_turns
+from jaxagent.credit.batch import CreditBatch, infogain_valid_turns
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.qwen import Params, map_row_chunks, token_logprobs
 

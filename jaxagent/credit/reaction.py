@@ -12,7 +12,7 @@ on the host to a polarity +1 / 0 / -1 (``polarity_of``). Then, all in pure jnp:
 
 with 0 where fewer than two rollouts of the group have segment q or their reactions are all
 equal, and 0 on invalid segments. The fused advantage is ``A = A_out + lam * A_proc``
-(``fusion.fuse``); ``reaction_advantage`` returns the unweighted A_proc.
+(`FacaTerm`, fused by ``fusion.fuse_terms``); ``reaction_advantage`` returns the unweighted A_proc.
 
 Ablations (``FacaConfig.ablation``), applied to the polarities before normalisation:
 ``shift`` (segment q gets the reaction that follows segment q+1; a segment without a valid
@@ -27,13 +27,14 @@ import dataclasses
 import math
 import types
 from collections.abc import Mapping
-from typing import Literal
+from typing import ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.credit.grpo import check_bool, check_eps, gather_to_tokens, group_normalize, group_stats, safe_ratio
+from jaxagent.credit.terms import CreditTerm, FuseContext
 
 POSITIVE_LABELS = ("provide_info", "confirm", "approve", "accept")
 NEGATIVE_LABELS = ("be_vague", "challenge", "clarify_request", "correct", "reject", "complain")
@@ -223,9 +224,32 @@ def reaction_telemetry(
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class FacaTerm(CreditTerm):
+    """Faca's process term ``lam * A_proc`` on the agent tokens of each U2U segment. Diagnostics:
+    ``A_proc_BQ`` (unweighted) and ``faca/<name>`` for each entry of `reaction_telemetry` (its
+    ``proc_l1_share`` relative to |the terms fused before it| + |lam * A_proc|)."""
+
+    settings: FacaConfig = FacaConfig()
+    name: ClassVar[str] = "faca"
+    cover: ClassVar[str] = "proc"
+    settings_type: ClassVar[type] = FacaConfig
+
+    def advantage(self, ctx: FuseContext) -> tuple[jax.Array, dict[str, jax.Array]]:
+        s, batch = self.settings, ctx.batch
+        A_proc_BQ = reaction_advantage(batch.segment_polarity_BQ, batch.segment_valid_BQ, batch.group_id_B, s, ctx.key)
+        A_proc_BL = broadcast_segments(A_proc_BQ, batch.segment_idx_BL, batch.loss_mask_BL)
+        telemetry = reaction_telemetry(
+            batch.segment_polarity_BQ, batch.segment_valid_BQ, A_proc_BL, ctx.before_BL, batch.loss_mask_BL,
+            batch.reward_B, batch.group_id_B, s.lam, valid_B=ctx.row_valid_B,
+        )  # fmt: skip
+        return s.lam * A_proc_BL, {"A_proc_BQ": A_proc_BQ, **{f"faca/{k}": v for k, v in telemetry.items()}}
+
+
 __all__ = [
     "DEFAULT_POLARITY",
     "FacaConfig",
+    "FacaTerm",
     "ablate_polarity",
     "broadcast_segments",
     "polarity_of",

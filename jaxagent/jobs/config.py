@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from jaxagent import configlib
-from jaxagent.credit.fusion import InfoPOConfig
+from jaxagent.credit.infopo import InfoPOConfig
 from jaxagent.credit.grpo import GRPOConfig
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.credit.reaction import FacaConfig

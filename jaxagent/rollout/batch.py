@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.credit.batch import CreditBatch
-from jaxagent.credit.fusion import infogain_valid_turns
+from jaxagent.credit.batch import infogain_valid_turns
 
 
 @dataclasses.dataclass(frozen=True)

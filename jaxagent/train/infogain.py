@@ -17,8 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.credit.batch import CreditBatch
-from jaxagent.credit.fusion import infogain_valid_turns
+from jaxagent.credit.batch import CreditBatch, infogain_valid_turns
 from jaxagent.credit.infogain import (InfoGainOutput, Mode, PlaceholderMode, infogain_output, shared_prefix_jit,
                                       vmapped_jit)
 from jaxagent.models.config import QwenConfig

@@ -2,10 +2,11 @@
 
 `RLTrainer.iteration(tasks, key)` plays ``group_size`` episodes per task through the in-flight
 engine with the current policy, collates them into a `CreditBatch`, assigns credit with the
-method chosen (``grpo``: the group-normalised outcome; ``infopo``: + beta * gate * A_info from the
+registered credit terms ``rl.credit`` names (`jaxagent.credit.registry`; ``grpo``: the
+group-normalised outcome, always present; ``infopo``: + beta * gate * A_info from the
 teacher-forced information gain of each feedback; ``faca``: + lambda * A_proc from the user's
-reactions; ``infopo+faca``: both), scores the batch under the frozen reference policy for the
-KL term, and runs ``ppo_epochs`` passes of shuffled minibatches through the jitted update. The
+reactions; ``infopo+faca``: both; the host inputs a term ``needs`` come from `CREDIT_INPUTS`),
+scores the batch under the frozen reference policy for the KL term, and runs ``ppo_epochs`` passes of shuffled minibatches through the jitted update. The
 distribution trained is the sampler's (`sampler_view`: the policy at ``rollout.temperature``,
 limited to the tokenizer's ids): the old log-probs are the sampler's own, and the update, the
 reference and the info gain teacher-force at the same temperature, so the first minibatch's
@@ -37,18 +38,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxagent.credit.fusion import InfoPOConfig, fuse
+from jaxagent.credit.fusion import fuse_terms
 from jaxagent.credit.grpo import GRPOConfig
+from jaxagent.credit.infopo import InfoPOConfig
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.credit.reaction import FacaConfig
+from jaxagent.credit.registry import make_terms, parse_credit
+from jaxagent.credit.terms import CreditTerm
 from jaxagent.envs.base import Environment
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.generate import SamplingParams
@@ -62,13 +66,10 @@ from jaxagent.text.tokenizer import Tokenizer
 from jaxagent.train.infogain import compute_infogain
 from jaxagent.train.step import StepShardings, TrainState, make_update, ppo_loss_fn, sequence_scores
 
-CreditMethod = Literal["grpo", "infopo", "faca", "infopo+faca"]
-CREDIT_METHODS = ("grpo", "infopo", "faca", "infopo+faca")
-
-
 @dataclasses.dataclass(frozen=True)
 class RLSettings:
-    credit: CreditMethod = "infopo"
+    # registered credit terms joined by '+' (jaxagent.credit.registry): grpo, infopo, faca, infopo+faca, ...
+    credit: str = "infopo"
     group_size: int = 5
     tasks_per_step: int = 4
     ppo_epochs: int = 1
@@ -96,8 +97,7 @@ class RLSettings:
     failure_budget_iters: int = 3
 
     def __post_init__(self) -> None:
-        if self.credit not in CREDIT_METHODS:
-            raise ValueError(f"credit={self.credit!r}: expected one of {', '.join(CREDIT_METHODS)}")
+        parse_credit(self.credit)  # registered terms, each once
         for field in ("group_size", "tasks_per_step", "ppo_epochs", "microbatches", "length_multiple"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field}={getattr(self, field)}: expected an integer >= 1")
@@ -166,17 +166,23 @@ class RLTrainer:
                  infopo: InfoPOConfig | None = None, faca: FacaConfig | None = None,
                  grpo: GRPOConfig = GRPOConfig(), ref_params: Any = None,
                  lr_schedule: optax.Schedule | None = None, shardings: StepShardings | None = None,
-                 processes: ProcessGroup | None = None):
+                 processes: ProcessGroup | None = None, term_settings: Mapping[str, Any] | None = None):
+        """``settings.credit`` names the credit terms (`jaxagent.credit.registry.parse_credit`): the
+        built-in ones take ``grpo`` / ``infopo`` / ``faca``, any other registered term
+        ``term_settings[name]`` (else its settings type's defaults)."""
         # the sampler's distribution: what the update, the reference and the info gain score
         self.view = sampler_view(sampling, tokenizer.vocab_size, config.vocab_size)
         self.state, self.config, self.tok = state, config, tokenizer
         self.make_env, self.settings, self.ppo = make_env, settings, ppo
         self.sampling, self.episode, self.engine = sampling, episode, engine
-        use_info = settings.credit in ("infopo", "infopo+faca")
-        use_faca = settings.credit in ("faca", "infopo+faca")
-        self.infopo = (infopo or InfoPOConfig()) if use_info else None
-        self.faca = (faca or FacaConfig()) if use_faca else None
-        self.grpo = grpo
+        self.terms: tuple[CreditTerm, ...] = make_terms(
+            parse_credit(settings.credit, key="rl.credit"),
+            {**(term_settings or {}), "grpo": grpo, "infopo": infopo, "faca": faca})
+        missing = sorted({n for term in self.terms for n in term.needs} - set(CREDIT_INPUTS))
+        if missing:
+            raise ValueError(f"rl.credit={settings.credit!r}: the terms need inputs {missing} that no provider makes; "
+                             f"expected one of {sorted(CREDIT_INPUTS)} (register_credit_input)")
+        self._placeholders: dict[str, list[int]] = {}
         # The frozen reference policy (KL term): a copy of the initial weights by default.
         self.ref_params = ref_params if ref_params is not None else jax.tree.map(jnp.copy, state.model_params)
         self.shardings = shardings
@@ -184,9 +190,21 @@ class RLTrainer:
         self.update = make_update(ppo_loss_fn(config, ppo, **self.view), tx, microbatches=settings.microbatches,
                                   agg=ppo.agg, lr_schedule=lr_schedule, shardings=shardings)
         self.scores = _jit_scores(config, settings.score_rows or None, **self.view)
-        self._fuse = jax.jit(lambda b, r, k: fuse(b, r, self.infopo, self.faca, self.grpo, k))
-        if self.infopo is not None:
-            self.ph_ids = ChatRenderer(tokenizer).encode_content(self.infopo.placeholder)
+        self._fuse = jax.jit(lambda b, inputs, k: fuse_terms(b, self.terms, inputs, k))
+
+    def placeholder_ids(self, text: str) -> list[int]:
+        """The token ids of a counterfactual placeholder's content (cached per text)."""
+        if text not in self._placeholders:
+            self._placeholders[text] = ChatRenderer(self.tok).encode_content(text)
+        return self._placeholders[text]
+
+    @property
+    def ph_ids(self) -> list[int]:
+        """The InfoPO term's placeholder ids (`placeholder_ids` of its ``placeholder``)."""
+        info = [t for t in self.terms if "r_info" in t.needs]
+        if not info:
+            raise AttributeError("ph_ids: no credit term of this trainer needs the information gain")
+        return self.placeholder_ids(info[0].settings.placeholder)
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_tree(self) -> dict[str, Any]:
@@ -236,15 +254,12 @@ class RLTrainer:
         if self.processes is not None:  # several processes: each reads its rows from its own copy
             self.processes.check_same("the RL batch", host.tokens_BL, host.loss_mask_BL, host.logprobs_BL)
         batch, old_lp = host.credit_batch(), host.logprobs_BL
-        r_info = None
-        if self.infopo is not None:  # the packed length comes from the host arrays (no device round trip)
-            out = compute_infogain(self.state.model_params, batch, self.ph_ids, config=self.config, mode=self.infopo.mode,
-                                   placeholder_mode=self.infopo.placeholder_mode, host=host,
-                                   packed_multiple=self.settings.length_multiple,
-                                   row_chunk=self.settings.score_rows or None,
-                                   temperature=self.view["temperature"])
-            r_info = out.r_info_BT
-        A_BL, diag = self._fuse(batch, r_info, k_credit)
+        inputs: dict[str, jax.Array] = {}
+        for term in self.terms:  # the host inputs the terms need, each made once
+            for name in term.needs:
+                if name not in inputs:
+                    inputs[name] = CREDIT_INPUTS[name](self, batch, host, term)
+        A_BL, diag = self._fuse(batch, inputs, k_credit)
         return batch, old_lp, A_BL, diag
 
     def _train(self, trajs: Sequence[Trajectory], key: jax.Array, t_roll: float | None) -> dict[str, Any]:
@@ -296,22 +311,7 @@ class RLTrainer:
 
         for k in upd_host[0]:
             metrics[f"update/{k}"] = float(np.mean([m[k] for m in upd_host]))
-        if self.infopo is not None:
-            valid = np.asarray(diag["info_valid_BT"])
-            r = np.asarray(diag["r_info_BT"])
-            metrics["info/gain_mean"] = float(r[valid].mean()) if valid.any() else 0.0
-            metrics["info/gate_mean"] = float(np.mean(np.asarray(diag["gate_B"])[:n_kept]))  # not padding rows
-            metrics["info/l1_share"] = float(diag["info_l1_share"])
-            metrics["info/gain_by_turn"] = [float(r[:, t][valid[:, t]].mean()) if valid[:, t].any() else None
-                                            for t in range(n_turns)]
-        if self.faca is not None:
-            for k, v in diag.items():
-                if k.startswith("faca/") and np.ndim(v) == 0:
-                    metrics[k] = float(v)
-        # credit coverage: agent tokens each term reaches; groups the outcome does not discriminate
-        for k, v in diag.items():
-            if k.startswith("cover/") or k == "zero_adv_group_share":
-                metrics[f"credit/{k}"] = float(v)
+        metrics.update(credit_metrics(diag, n_turns))
         # Per iteration (not a mean of the running counter): updates refused in it, and in the run so far.
         metrics["update/skipped"] = float(sum(float(m["skipped"]) for m in upd_host))
         metrics["update/skipped_total"] = int(self.state.skipped)
@@ -322,6 +322,48 @@ class RLTrainer:
                         "tokens": n_tok, "tokens_per_s": n_tok / max((t_roll or 0.0) + t_credit + t_update, 1e-9),
                         "updates": int(self.state.step), "skipped_updates": int(self.state.skipped)})
         return metrics
+
+
+def credit_metrics(diag: Mapping[str, Any], turns: int) -> dict[str, Any]:
+    """The RL metrics of a fusion's diagnostics: ``credit/cover/*`` and ``credit/zero_adv_group_share``,
+    and every other key holding a ``/`` (a term's own, e.g. ``info/gain_mean``, ``faca/proc_l1_share``):
+    a scalar as a float, a 1-D array (per action turn) as a list of its first ``turns`` entries,
+    None where NaN (no valid turn of that index)."""
+    out: dict[str, Any] = {}
+    for k, v in diag.items():
+        if k.startswith("cover/") or k == "zero_adv_group_share":
+            out[f"credit/{k}"] = float(v)
+        elif "/" in k:
+            a = np.asarray(v)
+            if a.ndim == 0:
+                out[k] = float(a)
+            elif a.ndim == 1:
+                out[k] = [None if x != x else float(x) for x in a[:turns].tolist()]
+    return out
+
+
+def _infogain_input(trainer: RLTrainer, batch, host, term: CreditTerm) -> jax.Array:
+    """``r_info`` [B, T]: the teacher-forced information gain of every turn under the current
+    policy (`compute_infogain`), with the term's placeholder, mode and placeholder mode; the packed
+    length comes from the host arrays (no device round trip)."""
+    s = term.settings
+    out = compute_infogain(trainer.state.model_params, batch, trainer.placeholder_ids(s.placeholder),
+                           config=trainer.config, mode=s.mode, placeholder_mode=s.placeholder_mode, host=host,
+                           packed_multiple=trainer.settings.length_multiple,
+                           row_chunk=trainer.settings.score_rows or None, temperature=trainer.view["temperature"])
+    return out.r_info_BT
+
+
+#: Host inputs of credit terms (`CreditTerm.needs`) by name: ``fn(trainer, batch, host_batch, term) -> array``.
+CREDIT_INPUTS: dict[str, Callable[..., jax.Array]] = {"r_info": _infogain_input}
+
+
+def register_credit_input(name: str, fn: Callable[..., jax.Array]) -> None:
+    """Adds a provider of the host input ``name`` that a registered credit term ``needs``:
+    ``fn(trainer, batch, host_batch, term)`` returns the array `FuseContext.inputs[name]` holds."""
+    if name in CREDIT_INPUTS and CREDIT_INPUTS[name] is not fn:
+        raise ValueError(f"credit input {name!r}: already provided by {CREDIT_INPUTS[name].__name__}")
+    CREDIT_INPUTS[name] = fn
 
 
 def _turns(trajs: Sequence[Trajectory]) -> int:
@@ -363,4 +405,5 @@ class FailureBudget:
                 f"(rl.failure_budget_iters={self.iters}); {failure_causes(trajs)}")
 
 
-__all__ = ["CREDIT_METHODS", "FailureBudget", "RLSettings", "RLTrainer", "SimulatorFailureBudget"]
+__all__ = ["CREDIT_INPUTS", "FailureBudget", "RLSettings", "RLTrainer", "SimulatorFailureBudget", "credit_metrics",
+           "register_credit_input"]
