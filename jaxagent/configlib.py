@@ -3,7 +3,8 @@
 A schema is a tree of ``@dataclasses.dataclass(frozen=True)`` classes whose fields all have
 defaults. Supported field types: ``int``, ``float`` (ints are accepted and converted), ``str``,
 ``bool`` (real bools only), ``Literal[...]`` of strings/ints, ``X | None``, ``tuple[T, ...]``
-(lists are accepted), ``dict[str, T]`` and nested dataclasses (given as mappings). A section checks
+(lists are accepted), ``dict[str, T]``, ``Any`` (any YAML value, kept as parsed: a plug-in's own
+settings, checked by the plug-in) and nested dataclasses (given as mappings). A section checks
 itself at construction (``__post_init__``); a ``ValueError`` raised there is reported as a
 :class:`ConfigError` under the section's dotted path. ``field(metadata={"help": "..."})`` adds a
 line to :func:`describe`.
@@ -57,6 +58,7 @@ __all__ = [
     "dump_yaml",
     "from_dict",
     "load",
+    "parse_section",
     "read_yaml",
     "to_dict",
 ]
@@ -104,6 +106,8 @@ def _type_name(tp: Any) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is _NoneType:
         return "None"
+    if tp is Any:
+        return "Any"
     if origin is Literal:
         return " | ".join(map(repr, args))
     if _is_union(tp):
@@ -140,6 +144,9 @@ def _unknown_key(path: str, key: Any, allowed: Sequence[str]) -> ConfigError:
 def _convert(tp: Any, value: Any, path: str) -> Any:
     """Check ``value`` against ``tp`` and return it in canonical form (floats, tuples, dataclasses)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:  # a YAML value as parsed (scalars, lists, string-keyed mappings)
+        _check_plain(value, path)
+        return copy.deepcopy(_plain(value))
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -193,6 +200,23 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     raise ConfigError(f"{_at(path)}expected {_type_name(tp)}, got {_show(value)}")
 
 
+def _check_plain(value: Any, path: str) -> None:
+    """``value`` is made of what YAML gives (None, bool, int, float, str, lists, str-keyed mappings)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{path}[{i}]")
+        return
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"{_at(path)}keys must be str, got {_show(k)}")
+            _check_plain(v, _join(path, k))
+        return
+    raise ConfigError(f"{_at(path)}expected a YAML value (null, bool, number, str, list or mapping), got {_show(value)}")
+
+
 def from_dict(cls: type, data: Mapping[str, Any], *, path: str = "") -> Any:
     """Build the dataclass ``cls`` (and its nested sections) from ``data``, checking every value.
 
@@ -221,6 +245,14 @@ def from_dict(cls: type, data: Mapping[str, Any], *, path: str = "") -> Any:
     except ValueError as e:
         raise ConfigError(_dotted(cls, names, path, str(e))) from e
     return obj
+
+
+def parse_section(cls: type, data: Mapping[str, Any], *, path: str = "") -> Any:
+    """`from_dict` after the coercions an override gets (``3e-7`` read as a str by YAML 1.1 becomes a
+    float where ``cls`` wants one): a section given as a free-form mapping (a plug-in's options)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{_at(path)}expected a mapping for {cls.__name__}, got {_show(data)}")
+    return from_dict(cls, _coerce(cls, data), path=path)
 
 
 def _dotted(cls: type, names: Sequence[str], path: str, message: str) -> str:
@@ -319,6 +351,8 @@ def _target_type(schema: type, keys: list[str], override: str) -> Any:
     tp: Any = schema
     for i, key in enumerate(keys):
         path = ".".join(keys[:i])
+        if tp is Any:  # inside a free-form value: any key
+            return Any
         section, members = _section(tp), _members(tp)
         if section is not None:
             names = [f.name for f in _fields(section)]

@@ -39,7 +39,9 @@ if str(ROOT) not in sys.path:  # run as `python scripts/make_gym_tokenizer.py`
     sys.path.insert(0, str(ROOT))
 
 from jaxagent.envs.gyms import GYMS, TOOL_SCHEMA, run_episode
-from jaxagent.envs.gyms.demos import expert_demos, render_demo, transcript_to_chat
+from jaxagent.envs.base import transcript_to_chat
+from jaxagent.envs.gyms.demos import expert_demos
+from jaxagent.rollout.demos import render_demo
 from jaxagent.text.template import render_template
 from scripts.make_tokenizer_fixture import ADDED, QWEN25_TEMPLATE, SPECIAL, train_byte_level_bpe, write_fixture
 
@@ -114,7 +116,7 @@ Made by
   `<|endoftext|>`.
 - Every text round-trips (byte-level, no normaliser).
 
-Mean length in tokens of an expert demo (`jaxagent.envs.gyms.demos.render_demo`, system turn with
+Mean length in tokens of an expert demo (`jaxagent.rollout.demos.render_demo`, system turn with
 the tool schema included, up to the last assistant turn) on {n_report} test tasks per gym:
 
 {lengths}

@@ -29,7 +29,8 @@ except ImportError:  # run from a checkout without an install
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from jaxagent.jobs.config import load_config
-from jaxagent.envs.gyms.demos import expert_demos, render_demo
+from jaxagent.envs.gyms.demos import expert_demos
+from jaxagent.rollout.demos import render_demo
 from jaxagent.envs.gyms.intention import DOMAINS
 from jaxagent.models import LogicalRules, make_mesh
 from jaxagent.rollout.engine import GenerationEngine

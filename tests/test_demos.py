@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from jaxagent.envs.gyms import GYMS, MAX_REWARD, TOOL_SCHEMA, run_episode
-from jaxagent.envs.gyms.demos import Demo, expert_demos, expert_episode, render_demo, transcript_to_chat
+from jaxagent.envs.base import Demo, transcript_to_chat
+from jaxagent.envs.gyms.demos import expert_demos, expert_episode
+from jaxagent.rollout.demos import render_demo
 from jaxagent.text.chat import ChatRenderer
 from jaxagent.text.tokenizer import load_tokenizer
 from jaxagent.text.toolcalls import ToolCall, format_tool_call, parse_assistant, tool_call_from_dict

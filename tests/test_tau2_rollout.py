@@ -299,7 +299,7 @@ def test_launch_eval_with_a_local_checkpoint(tmp_path):
 
 
 def test_oracle_demos_render_with_the_loss_on_the_agent_turns_only():
-    from jaxagent.envs.gyms.demos import render_demo
+    from jaxagent.rollout.demos import render_demo
     from jaxagent.envs.tau2_retail.agents import oracle_demos
 
     factory = Tau2EnvFactory(Tau2Section(tasks="0,14"))

@@ -40,17 +40,17 @@ def credit_term_names() -> tuple[str, ...]:
 def parse_credit(text: str, *, key: str = "credit") -> tuple[str, ...]:
     """``'infopo+faca'`` -> ``('grpo', 'infopo', 'faca')``: the outcome term first, then the named
     terms in registry (fusion) order. ValueError naming ``key`` for an unknown or repeated name."""
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"{key}={text!r}: expected registered credit terms joined by '+' (e.g. 'grpo', "
-                         "'infopo+faca')")
-    names = [n.strip() for n in text.split("+")]
     known = credit_term_names()
+    expected = (f"is not one of {', '.join(map(repr, known))}, nor a '+'-joined list of them (the registered credit "
+                "terms; e.g. 'infopo+faca')")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{key}: {text!r} {expected}")
+    names = [n.strip() for n in text.split("+")]
     for n in names:
         if n not in known:
-            raise ValueError(f"{key}={text!r}: unknown credit term {n!r}; expected registered terms joined by '+' "
-                             f"among {', '.join(map(repr, known))} (e.g. 'grpo', 'infopo', 'infopo+faca')")
+            raise ValueError(f"{key}: {text!r} {expected}: {n!r} is not registered")
     if len(set(names)) != len(names):
-        raise ValueError(f"{key}={text!r}: a credit term is named twice; expected each at most once")
+        raise ValueError(f"{key}: {text!r} names a credit term twice; expected each at most once")
     chosen = {OUTCOME_TERM, *names}
     return tuple(n for n in known if n in chosen)
 

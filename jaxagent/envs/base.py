@@ -10,6 +10,9 @@ and an info dict. Several agent messages and tool calls may come between two use
 
 Malformed or unknown tool calls never raise: the environment answers them with a tool message
 that says what was wrong, and counts them in ``info["tool_errors"]``.
+
+A `Demo` is one demonstration episode as chat messages (what SFT trains on): an environment
+family offers them through its `jaxagent.envs.registry.EnvSpec`.
 """
 
 from __future__ import annotations
@@ -131,6 +134,51 @@ class EnvFactory(abc.ABC):
 
     async def aclose(self) -> None:
         """Releases what the family's environments share (HTTP clients); idempotent."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Demo:
+    """One demonstration episode.
+
+    Attributes:
+      task_id: the task.
+      messages: OpenAI-style chat dicts, system prompt first: ``{"role", "content"}``; assistant
+        turns carry ``tool_calls`` (``[{"type": "function", "function": {"name", "arguments"}}]``,
+        arguments as a dict); tool messages carry ``name``. Ends with the last assistant turn (the
+        final step's answers are not part of the agent's context, as in the rollout loop).
+      train: per message, True for the assistant turns an SFT loss trains on; False for every
+        other message (and for turns not to imitate, e.g. a gym's noisy random-policy turns).
+      reward: the episode's outcome reward.
+      tools: the tool schemas of the reset (what the system turn lists).
+    """
+
+    task_id: str
+    messages: tuple[dict, ...]
+    train: tuple[bool, ...]
+    reward: float
+    tools: tuple[dict, ...] = ()
+
+    def __post_init__(self):
+        if len(self.train) != len(self.messages):
+            raise ValueError(f"train: length {len(self.train)}, expected one flag per message "
+                             f"({len(self.messages)})")
+        bad = [i for i, (m, t) in enumerate(zip(self.messages, self.train)) if t and m.get("role") != "assistant"]
+        if bad:
+            raise ValueError(f"train: messages {bad} are not assistant messages; only assistant turns train")
+
+
+def agent_message_to_chat(message: AgentMessage) -> dict[str, Any]:
+    """An agent turn as an OpenAI-style assistant message (tool calls with dict arguments)."""
+    out: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
+    if message.tool_calls:
+        out["tool_calls"] = [call.to_dict() for call in message.tool_calls]
+    return out
+
+
+def transcript_to_chat(transcript: Sequence[EnvMessage | AgentMessage]) -> list[dict[str, Any]]:
+    """An episode's transcript (environment and agent messages, in order) as chat dicts (reaction
+    labels dropped)."""
+    return [agent_message_to_chat(m) if isinstance(m, AgentMessage) else m.to_chat() for m in transcript]
 
 
 class CallableEnvFactory(EnvFactory):

@@ -25,6 +25,7 @@ from typing import Any
 
 from jaxagent.envs.base import AgentMessage, EnvFactory, Environment, EnvMessage, Reset, Step
 from jaxagent.envs.llm_user import LLMUserClient
+from jaxagent.envs.registry import EnvContext, EnvSetup, EnvSpec
 
 EMPTY_AGENT_TURN = "(the assistant said nothing)"
 
@@ -84,3 +85,34 @@ class LLMUserEnvFactory(EnvFactory):
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+# ----------------------------------------------------------------------------- the registered family
+def _check(env: Any) -> None:
+    if env.llm_user is None or env.user_tasks is None:
+        raise ValueError("kind='llm_user': expected env.llm_user (base_url, model, ...) and env.user_tasks")
+
+
+def _build(ctx: EnvContext) -> EnvSetup:
+    """``env.user_tasks`` (a JSON file ``{task_id: {profile, opening}}``) sorted by id: the first fifth
+    (at most ``test_tasks``, at least one) is the test split, the rest the train split."""
+    import json
+    from pathlib import Path
+
+    env = ctx.settings
+    path = Path(env.user_tasks)
+    try:
+        tasks = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"env.user_tasks={str(path)!r}: expected a readable JSON file of "
+                         f"{{task_id: {{profile, opening}}}} ({err})") from None
+    ids = sorted(tasks)
+    n_test = min(ctx.test_tasks, max(1, len(ids) // 5))
+    factory = LLMUserEnvFactory(LLMUserClient(env.llm_user), tasks, max_user_turns=ctx.max_turns,
+                                max_reply_chars=ctx.max_reply_chars)
+    return EnvSetup(factory, ids[n_test:][: ctx.train_tasks], ids[:n_test])
+
+
+LLM_USER = EnvSpec(
+    name="llm_user", build=_build, description="an LLM user simulator over HTTP (env.llm_user, env.user_tasks)",
+    check=_check, simulator_clients=lambda env: [("env.llm_user", env.llm_user)] if env.llm_user is not None else [])

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from jaxagent import configlib
-from jaxagent.envs.base import CallableEnvFactory, EnvFactory
+from jaxagent.envs.base import EnvFactory
 from jaxagent.jobs.config import BUILTIN_TOKENIZER, RunConfig
 from jaxagent.jobs.runlog import RunLog
 from jaxagent.models import DTypePolicy, LogicalRules, QwenConfig, make_mesh, preset
@@ -97,37 +97,15 @@ def check_vocab(cfg: RunConfig, tok: Tokenizer, qcfg: QwenConfig) -> None:
 
 
 def build_env(cfg: RunConfig) -> tuple[EnvFactory, list[str], list[str]]:
-    """(environment family, train task ids, test task ids)."""
-    e = cfg.env
-    if e.kind == "tau2_retail":
-        from jaxagent.envs.tau2_retail.harness import Tau2EnvFactory
+    """(environment family, train task ids, test task ids): ``env.kind``'s spec built from the run
+    (`jaxagent.jobs.config.env_context`); a setting it refuses is a `ConfigError`."""
+    from jaxagent.jobs.config import env_context
 
-        factory = Tau2EnvFactory(e.tau2)
-        factory.record(False)  # run_eval records its own episodes
-        ids = factory.task_ids
-        return factory, ids[: e.train_tasks], ids[: e.test_tasks]
-    if e.kind == "gym":
-        from jaxagent.envs.gyms import GYMS
-
-        spec = GYMS[e.gym]
-        return (CallableEnvFactory(lambda: spec.env(max_steps=e.max_steps, outcome=e.outcome)),
-                spec.make_tasks("train", e.train_tasks, e.task_seed),
-                spec.make_tasks("test", e.test_tasks, e.task_seed))
-    from jaxagent.envs.llm_user import LLMUserClient
-    from jaxagent.envs.user_env import LLMUserEnvFactory
-
-    path = Path(e.user_tasks)
     try:
-        tasks = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise configlib.ConfigError(f"env.user_tasks={str(path)!r}: expected a readable JSON file of "
-                                    f"{{task_id: {{profile, opening}}}} ({err})") from None
-    ids = sorted(tasks)
-    n_test = min(e.test_tasks, max(1, len(ids) // 5))
-    chars = 8 * cfg.rollout.max_reply_tokens or None  # a runaway reply is not sent back to the simulator
-    factory = LLMUserEnvFactory(LLMUserClient(e.llm_user), tasks, max_user_turns=cfg.rollout.max_turns,
-                                max_reply_chars=chars)
-    return factory, ids[n_test:][: e.train_tasks], ids[:n_test]
+        setup = cfg.env.spec.build(env_context(cfg))
+    except ValueError as e:
+        raise configlib.ConfigError(str(e)) from None
+    return setup.factory, setup.train_tasks, setup.test_tasks
 
 
 def sampling_params(cfg: RunConfig, tok: Tokenizer, *, temperature: float | None = None) -> SamplingParams:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from jaxagent import configlib
 from jaxagent.credit.infopo import InfoPOConfig
@@ -24,12 +24,14 @@ from jaxagent.credit.grpo import GRPOConfig
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.credit.reaction import FacaConfig
 from jaxagent.envs.llm_user import LLMUserConfig
+from jaxagent.envs.registry import EnvContext, EnvSpec, resolve_env
 from jaxagent.envs.tau2_retail.agents import EndpointConfig
+from jaxagent.envs.tau2_retail.spec import Tau2Section
+from jaxagent.jobs.registry import job_names
 from jaxagent.models.sharding import MeshConfig
 from jaxagent.train.rl import RLSettings
 from jaxagent.train.step import OptimSettings
 
-JOBS = ("sft", "rl", "sft+rl", "eval", "qd_eval", "qd_label", "dpo", "qd_tau2", "serve")
 GYM_NAMES = ("intention", "telepathy", "function", "preference")
 BUILTIN_TOKENIZER = "builtin:gyms"
 
@@ -112,34 +114,11 @@ class ModelSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class Tau2Section:
-    data_dir: str | None = _help(None, "tau2 retail data (db.json, policy.md, tasks_*.json); null: the packaged copy")
-    split: Literal["train"] = "train"
-    tasks: str = _help("all", "task selection: all, a slice start:stop of the file order, or ids a,b,c")
-    customer: Literal["scripted", "llm"] = _help("scripted", "the deterministic scripted customer, or an LLM one")
-    customer_llm: LLMUserConfig | None = _help(None, "customer=llm: the OpenAI-compatible endpoint playing it")
-    scoring: Literal["offline", "tau2"] = _help(
-        "offline", "offline: DB x COMMUNICATE (classic tau-bench, no model call); tau2: each task's reward basis, "
-                   "NL assertions by env.tau2.judge")
-    judge: LLMUserConfig | None = _help(None, "scoring=tau2: the OpenAI-compatible NL-assertion judge")
-    max_steps: int = _help(200, "steps (agent messages, customer messages, tool-result batches) per episode")
-    max_errors: int = _help(10, "error tool messages that end an episode")
-
-    def __post_init__(self) -> None:
-        if self.customer == "llm" and self.customer_llm is None:
-            raise ValueError("customer='llm': expected env.tau2.customer_llm (base_url, model, ...)")
-        if self.max_steps < 1 or self.max_errors < 1:
-            raise ValueError(f"max_steps={self.max_steps}, max_errors={self.max_errors}: expected integers >= 1")
-        if self.data_dir is not None and not Path(self.data_dir).is_dir():
-            raise ValueError(f"data_dir={self.data_dir!r}: not a directory; expected one holding db.json, policy.md "
-                             "and tasks_train.json (or null for the packaged copy)")
-
-
-@dataclasses.dataclass(frozen=True)
 class EnvSection:
-    kind: Literal["gym", "llm_user", "tau2_retail"] = _help(
-        "gym", "scripted gym, an LLM user over HTTP, or tau2-bench retail (env=tau2_retail)")
-    gym: Literal["intention", "telepathy", "function", "preference"] = "intention"
+    kind: str = _help(
+        "gym", "the environment family: a registered name (see --help: gym, llm_user, tau2, tau2_retail, ...) or "
+               "package.module:NAME, a user's EnvSpec (docs/ENVIRONMENTS.md)")
+    gym: str = _help("intention", "kind=gym: the gym (" + ", ".join(GYM_NAMES) + ")")
     max_steps: int | None = _help(None, "gym steps before the user gives up (null: the gym's default)")
     outcome: Literal["graded", "binary"] = _help(
         "graded", "gym outcome: graded (partial credit) or binary (1 for a full answer, else 0: more groups "
@@ -150,12 +129,32 @@ class EnvSection:
     llm_user: LLMUserConfig | None = None
     user_tasks: str | None = _help(None, "llm_user: a JSON file {task_id: {profile, opening}}")
     tau2: Tau2Section = _field(default_factory=Tau2Section)
+    options: dict[str, Any] = _field(default_factory=dict, metadata={
+        "help": "a package.module:NAME environment's own settings, checked against its EnvSpec.settings_type"})
 
     def __post_init__(self) -> None:
-        if self.kind == "llm_user" and (self.llm_user is None or self.user_tasks is None):
-            raise ValueError("kind='llm_user': expected env.llm_user (base_url, model, ...) and env.user_tasks")
         if self.train_tasks < 1 or self.test_tasks < 1:
             raise ValueError(f"train_tasks={self.train_tasks}, test_tasks={self.test_tasks}: expected >= 1")
+        spec = resolve_env(self.kind)
+        settings = env_settings(self)  # a plug-in's options, checked against its settings type
+        if spec.check is not None:
+            spec.check(settings)
+
+    @property
+    def spec(self) -> EnvSpec:
+        """The registered family ``kind`` names (`jaxagent.envs.registry.resolve_env`)."""
+        return resolve_env(self.kind)
+
+
+def env_settings(env: EnvSection) -> Any:
+    """What ``env.kind``'s spec is built from: ``env.options`` parsed into its ``settings_type`` when
+    it has one, else the ``env`` section itself (the built-ins read their own keys of it)."""
+    spec = resolve_env(env.kind)
+    if spec.settings_type is None:
+        if env.options:
+            raise ValueError(f"options={dict(env.options)!r}: env.kind={env.kind!r} takes no options; expected {{}}")
+        return env
+    return configlib.parse_section(spec.settings_type, env.options, path="env.options")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,7 +465,7 @@ class QDSection:
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     name: str = _help("quickstart", "runs/<name>/ holds everything the run writes")
-    job: Literal["sft", "rl", "sft+rl", "eval", "qd_eval", "qd_label", "dpo", "qd_tau2", "serve"] = "sft+rl"
+    job: str = _help("sft+rl", "the job (see --help: sft, rl, sft+rl, eval, qd_eval, qd_label, dpo, qd_tau2, serve)")
     runs_dir: str = "runs"
     seed: int = 0
     steps: int = _help(32, "RL iterations")
@@ -506,6 +505,9 @@ class RunConfig:
     serve: ServeSection = _field(default_factory=ServeSection)
 
     def __post_init__(self) -> None:
+        if self.job not in job_names():
+            raise ValueError(f"job: {self.job!r} is not one of {', '.join(map(repr, job_names()))} (the registered "
+                             "jobs, jaxagent.jobs.registry)")
         if self.steps < 0:
             raise ValueError(f"steps={self.steps}: expected >= 0")
         if self.job in ("rl", "sft+rl") and self.rl.group_size < 2:
@@ -519,6 +521,7 @@ class RunConfig:
             r = self.rollout
             sampler_view(SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k), 1, 1)
         top = env_max_reward(self.env)
+        spec = self.env.spec
         if not 0.0 <= self.rl.success_threshold <= top:
             raise ValueError(f"rl.success_threshold={self.rl.success_threshold}: expected a number in [0, {top}] "
                              f"(the most reward an episode of env.kind={self.env.kind!r} can get)")
@@ -527,16 +530,18 @@ class RunConfig:
         from jaxagent.jobs.resume import check_overrides_known
 
         check_overrides_known(RunConfig, self.resume_overrides)
-        if self.env.kind == "llm_user" and self.job in ("sft", "sft+rl"):
-            raise ValueError(f"job={self.job!r}: SFT demonstrations come from the scripted gyms or the tau2 "
-                             "oracle; with env.kind='llm_user' use job rl or eval")
-        if self.eval.agent != "policy" and (self.job != "eval" or self.env.kind != "tau2_retail"):
-            raise ValueError(f"eval.agent={self.eval.agent!r}: host agents play job=eval on env.kind='tau2_retail' "
-                             f"(got job={self.job!r}, env.kind={self.env.kind!r}); expected eval.agent='policy'")
-        if self.env.kind == "tau2_retail" and self.eval.agent == "policy" and self.tokenizer == BUILTIN_TOKENIZER \
+        if spec.demonstrations is None and self.job in ("sft", "sft+rl") and self.sft.data is None:
+            raise ValueError(f"job={self.job!r}: SFT trains on an environment's demonstrations, and env.kind="
+                             f"{self.env.kind!r} offers none; use job rl or eval (or sft.data with job=sft)")
+        if self.eval.agent != "policy" and (self.job != "eval" or self.eval.agent not in spec.host_agents):
+            offered = ", ".join(spec.host_agents) or "none"
+            raise ValueError(f"eval.agent={self.eval.agent!r}: host agents play job=eval on the environments that "
+                             f"offer them (env.kind={self.env.kind!r} offers: {offered}; got job={self.job!r}); "
+                             "expected eval.agent='policy'")
+        if spec.needs_text_tokenizer and self.eval.agent == "policy" and self.tokenizer == BUILTIN_TOKENIZER \
                 and self.job != "qd_tau2":  # job=qd_tau2 needs a tokenizer only for qd.questioner=policy (below)
-            raise ValueError("tokenizer='builtin:gyms': the gyms' closed vocabulary cannot spell tau2 retail text; "
-                             "expected a tokenizer directory (e.g. the checkpoint's, as model.path)")
+            raise ValueError(f"tokenizer='builtin:gyms': the gyms' closed vocabulary cannot spell the text of env.kind="
+                             f"{self.env.kind!r}; expected a tokenizer directory (e.g. the checkpoint's, as model.path)")
         check_timeout(self)
         if self.job == "dpo" and self.dpo.data is None:
             raise ValueError("dpo.data=None: job=dpo trains on preference pairs; expected a pairs file (job=qd_label's "
@@ -550,9 +555,9 @@ class RunConfig:
         if self.serve.adapter is not None and (self.job != "serve" or self.model.path is None):
             raise ValueError(f"serve.adapter={self.serve.adapter!r}: an adapter is applied to model.path in job=serve; "
                              "expected job=serve and model.path set (the adapter's base)")
-        if self.job == "qd_tau2" and self.env.kind != "tau2_retail":
+        if self.job == "qd_tau2" and (self.env.kind not in ("tau2", "tau2_retail") or self.env.tau2.domain != "retail"):
             raise ValueError(f"job='qd_tau2': the Q&D loop inside a tau2 retail agent; expected env.kind='tau2_retail' "
-                             f"(got {self.env.kind!r})")
+                             f"(got {self.env.kind!r}, env.tau2.domain={self.env.tau2.domain!r})")
         if self.job == "qd_tau2" and self.qd.baseline not in ("none",):
             raise ValueError(f"qd.baseline={self.qd.baseline!r}: job=qd_tau2's second arm is qd.tau2.baseline; "
                              "expected qd.baseline=none")
@@ -570,15 +575,10 @@ TIMEOUT_MARGIN_S = 30.0
 
 def simulator_clients(env: EnvSection) -> list[tuple[str, LLMUserConfig]]:
     """The HTTP simulator clients (dotted key, settings) that one environment call (a reset or a
-    step) may use one after the other: ``env.llm_user``; on tau2 retail ``env.tau2.customer_llm``
-    (customer=llm) and ``env.tau2.judge`` (scoring=tau2: the episode's last step also judges)."""
-    if env.kind == "llm_user":
-        return [("env.llm_user", env.llm_user)] if env.llm_user is not None else []
-    if env.kind == "tau2_retail":
-        t = env.tau2
-        out = [("env.tau2.customer_llm", t.customer_llm)] if t.customer == "llm" and t.customer_llm else []
-        return out + ([("env.tau2.judge", t.judge)] if t.scoring == "tau2" and t.judge is not None else [])
-    return []
+    step) may use one after the other, as ``env.kind``'s spec lists them (`EnvSpec.simulator_clients`:
+    ``env.llm_user``; on tau2 ``env.tau2.customer_llm`` with customer=llm and ``env.tau2.judge`` with
+    scoring=tau2, the episode's last step also judging)."""
+    return list(env.spec.simulator_clients(env_settings(env)))
 
 
 def simulator_budget_s(env: EnvSection) -> float:
@@ -620,20 +620,27 @@ def check_timeout(cfg: RunConfig) -> None:
 
 
 def env_max_reward(env: EnvSection) -> float:
-    """The most outcome reward one episode of ``env`` can get: 1.0 in every gym (``MAX_REWARD``),
-    on tau2 retail (a pass) and for an LLM user (its scorer's range is [0, 1] by contract)."""
-    if env.kind == "gym":
-        from jaxagent.envs.gyms.common import MAX_REWARD
+    """The most outcome reward one episode of ``env`` can get (`EnvSpec.max_reward`): 1.0 in every
+    gym (``MAX_REWARD``), on tau2 (a pass) and for an LLM user (its scorer's range is [0, 1] by contract)."""
+    return env.spec.top_reward(env_settings(env))
 
-        return float(MAX_REWARD)
-    return 1.0
+
+def env_context(cfg: RunConfig) -> EnvContext:
+    """The `EnvContext` ``env.kind``'s spec is built from: its settings (`env_settings`), the task
+    counts and seed, and the rollout limits a simulator needs (an LLM user's reply count is
+    ``rollout.max_turns``; a reply longer than 8 x ``rollout.max_reply_tokens`` characters is cut
+    before it goes back to the simulator)."""
+    e, r = cfg.env, cfg.rollout
+    return EnvContext(settings=env_settings(e), train_tasks=e.train_tasks, test_tasks=e.test_tasks,
+                      task_seed=e.task_seed, max_turns=r.max_turns, max_reply_chars=8 * r.max_reply_tokens or None)
 
 
 def default_name(cfg: RunConfig) -> str:
     """The run name when none is given: ``quickstart`` for the default job and environment
-    (sft+rl on the intention gym), else ``<job>-<gym or env.kind>`` (e.g. ``eval-tau2_retail``),
-    so runs of other jobs do not land in the quickstart's directory."""
-    env = cfg.env.gym if cfg.env.kind == "gym" else cfg.env.kind
+    (sft+rl on the intention gym), else ``<job>-<label>`` with the environment's label (the gym's
+    name, else the family's: e.g. ``eval-tau2_retail``), so runs of other jobs do not land in the
+    quickstart's directory."""
+    env = cfg.env.spec.run_label(env_settings(cfg.env))
     if cfg.job in ("qd_eval", "qd_label"):
         return f"{cfg.job}-{cfg.qd.benchmark}"
     if cfg.job == "qd_tau2":
@@ -656,6 +663,6 @@ def load_config(path: str | Path | None = None, overrides=()) -> RunConfig:
     return cfg if named else dataclasses.replace(cfg, name=default_name(cfg))
 
 
-__all__ = ["BUILTIN_TOKENIZER", "GYM_NAMES", "JOBS", "CheckpointSection", "EnvSection", "EvalSection",
+__all__ = ["BUILTIN_TOKENIZER", "GYM_NAMES", "CheckpointSection", "EnvSection", "EvalSection",
            "ModelSection", "QDSection", "QDTau2Section", "RolloutSection", "RunConfig", "SFTSection", "ServeSection", "Tau2Section", "check_timeout", "default_name",
-           "env_max_reward", "episode_timeout_s", "load_config", "simulator_budget_s", "simulator_clients"]
+           "env_context", "env_max_reward", "env_settings", "episode_timeout_s", "load_config", "simulator_budget_s", "simulator_clients"]

@@ -1,9 +1,8 @@
-"""Evaluations: the policy on a run's held-out tasks (logged and checked), and host agents on
-tau2 retail (``job=eval agent=oracle|endpoint``: `run_host_eval`)."""
+"""Evaluations: the policy on a run's held-out tasks (logged and checked), and the host agents an
+environment offers (``job=eval agent=oracle|endpoint`` on tau2: `run_host_eval`)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -45,7 +44,7 @@ def run_eval(run: Run, params, label: str, step: int, *, sampled: bool = True) -
             write_jsonl(run.run_dir / f"episodes_{label}_{step}.jsonl", reports)
             write_jsonl(run.run_dir / f"tasks_{label}_{step}.jsonl", envs.per_task(reports))
         m.update(envs.summarize(reports, k=cfg.eval.k))
-    if sampled and cfg.eval.sampled_k and cfg.eval.agent == "policy" and cfg.env.kind != "tau2_retail":
+    if sampled and cfg.eval.sampled_k and cfg.eval.agent == "policy" and cfg.env.spec.sampled_eval:
         # the distribution RL trains (rollout.temperature), beside the greedy figure: what RL fixes first
         ms, strajs = evaluate(params, run.engine, run.make_env, run.tok, tasks, k=cfg.eval.sampled_k,
                               sampling=sampling_params(cfg, run.tok),
@@ -80,13 +79,13 @@ def _check_eval_failures(trajs, label: str, step: int) -> None:
 
 
 def run_host_eval(cfg) -> dict[str, Any]:
-    """``job=eval`` with ``eval.agent`` oracle or endpoint on tau2 retail: writes
-    ``runs/<name>/{config.yaml, episodes.jsonl, tasks.jsonl, summary.json}``, prints a few lines
-    (`summary_text`, with ``progress``) and returns the summary without its per-task figures
-    (``success_by_task``, in summary.json) and with the files' paths (``files``)."""
-    from jaxagent.envs.llm_user import LLMUserClient
-    from jaxagent.envs.tau2_retail.agents import EndpointAgent, OracleAgent
-    from jaxagent.envs.tau2_retail.harness import Tau2EnvFactory, evaluate_host, per_task, summarize, summary_text
+    """``job=eval`` with a host agent ``eval.agent`` that ``env.kind`` offers (`EnvSpec.host_eval`: on
+    tau2 the oracle or an endpoint): writes ``runs/<name>/{config.yaml, episodes.jsonl, tasks.jsonl,
+    summary.json}``, prints a few lines (the spec's text, with ``progress``) and returns the summary
+    without its per-task figures (``success_by_task``, in summary.json) and with the files' paths
+    (``files``)."""
+    from jaxagent.envs.registry import HostEvalRequest
+    from jaxagent.jobs.config import env_context
     from jaxagent.jobs.resume import check_run_dir, record_config
 
     t0 = time.perf_counter()
@@ -94,31 +93,13 @@ def run_host_eval(cfg) -> dict[str, Any]:
     check_run_dir(cfg, run_dir)  # never into another job's run directory (the key name)
     run_dir.mkdir(parents=True, exist_ok=True)
     record_config(cfg, run_dir)
-
-    async def main():
-        factory = Tau2EnvFactory(cfg.env.tau2)
-        factory.record(False)  # the reports come back from `play`
-        # the agent samples at eval.temperature, as the local policy does
-        endpoint = cfg.eval.endpoint.client_config(cfg.eval.temperature) if cfg.eval.endpoint else None
-        client = LLMUserClient(endpoint) if cfg.eval.agent == "endpoint" else None
-        make_agent = (lambda env, seed: EndpointAgent(client)) if client is not None else (lambda env, seed: OracleAgent())
-        try:
-            return await evaluate_host(factory, make_agent, k=cfg.eval.k, concurrency=cfg.eval.concurrency,
-                                       max_turns=cfg.env.tau2.max_steps)
-        finally:
-            await factory.aclose()
-            if client is not None:
-                await client.aclose()
-
-    reports = asyncio.run(main())
-    write_jsonl(run_dir / "episodes.jsonl", reports)
-    rows = per_task(reports)
-    write_jsonl(run_dir / "tasks.jsonl", rows)
-    summary = {"name": cfg.name, "job": "eval", "env": "tau2_retail", "agent": cfg.eval.agent,
-               "customer": cfg.env.tau2.customer, "agent_temperature": cfg.eval.temperature,
-               **summarize(reports, scoring_mode=cfg.env.tau2.scoring, k=cfg.eval.k),
-               "wall_seconds": time.perf_counter() - t0}
-    summary["pass_hat_k"] = sum(r["success"] >= 1.0 for r in rows) / len(rows)  # tau2's pass^k: all k runs
+    e = cfg.eval
+    result = cfg.env.spec.host_eval(env_context(cfg), HostEvalRequest(
+        agent=e.agent, k=e.k, concurrency=e.concurrency, temperature=e.temperature, endpoint=e.endpoint))
+    write_jsonl(run_dir / "episodes.jsonl", result.reports)
+    write_jsonl(run_dir / "tasks.jsonl", result.rows)
+    summary = {"name": cfg.name, "job": "eval", "env": cfg.env.kind, "agent": e.agent, "agent_temperature": e.temperature,
+               **result.summary, "wall_seconds": time.perf_counter() - t0}
     summary["success_before"] = summary["success_after"] = summary["success"]
     summary["steps"], summary["credit"] = 0, None
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -126,8 +107,8 @@ def run_host_eval(cfg) -> dict[str, Any]:
     # returned (and printed by the launcher) is the summary without them, plus where the files are.
     shown = {k: v for k, v in summary.items() if k != "success_by_task"}
     shown["files"] = {name: str(run_dir / name) for name in ("summary.json", "tasks.jsonl", "episodes.jsonl")}
-    if cfg.progress:
-        print(summary_text(shown), file=sys.stderr, flush=True)
+    if cfg.progress and result.text is not None:
+        print(result.text(shown), file=sys.stderr, flush=True)
     return shown
 
 

@@ -23,17 +23,20 @@ from jaxagent.train.step import (OptimSettings, StepShardings, TrainingFailed, T
 
 # ----------------------------------------------------------------------------- SFT
 def sft_data(cfg: RunConfig, tok: Tokenizer, make_env=None) -> list[tuple[list[int], list[bool]]]:
-    """Rendered demonstrations: the gym's expert (with noise), or on tau2 retail the gold-action
-    oracle's episodes on the selected tasks (one each, at most ``sft.demos``)."""
-    from jaxagent.envs.gyms.demos import expert_demos, render_demo
+    """Rendered demonstrations from ``env.kind``'s spec (`EnvSpec.demonstrations`): a gym's expert
+    (with ``sft.noise``), or on tau2 the gold-action oracle's episodes on the selected tasks (one
+    each, at most ``sft.demos``). ``make_env``: the run's environment family (built when None)."""
+    from jaxagent.envs.registry import DemoRequest, EnvSetup
+    from jaxagent.jobs.build import build_env
+    from jaxagent.jobs.config import env_context
+    from jaxagent.rollout.demos import render_demo
 
-    if cfg.env.kind == "tau2_retail":
-        from jaxagent.envs.tau2_retail.agents import oracle_demos
-
-        demos = oracle_demos(make_env, make_env.task_ids[: min(cfg.env.train_tasks, cfg.sft.demos)])
-    else:
-        demos = expert_demos(cfg.env.gym, "train", cfg.sft.demos, seed=cfg.env.task_seed, noise=cfg.sft.noise,
-                             policy=cfg.sft.demo_policy)
+    spec = cfg.env.spec
+    if spec.demonstrations is None:
+        raise ValueError(f"env.kind={cfg.env.kind!r}: offers no demonstrations for SFT")
+    setup = EnvSetup(*build_env(cfg)) if make_env is None else EnvSetup(make_env, [], [])
+    demos = spec.demonstrations(env_context(cfg), setup, DemoRequest(n=cfg.sft.demos, noise=cfg.sft.noise,
+                                                                     policy=cfg.sft.demo_policy, seed=cfg.env.task_seed))
     rendered = [render_demo(d, tok, tool_schemas_in_prompt=cfg.rollout.tool_schemas_in_prompt) for d in demos]
     kept = [(ids, mask) for ids, mask in rendered if len(ids) <= cfg.rollout.capacity]
     if not kept:

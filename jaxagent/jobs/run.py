@@ -38,38 +38,38 @@ from jaxagent.jobs.build import Run, param_count, prepare, write_export
 from jaxagent.jobs.config import RunConfig
 from jaxagent.jobs.evaluate import run_eval, run_host_eval
 from jaxagent.jobs.phases import run_rl, run_sft
+from jaxagent.jobs.registry import job_spec
 from jaxagent.jobs.runlog import json_default
 from jaxagent.train.step import TrainingFailed
 
 
 def run_job(cfg: RunConfig) -> dict[str, Any]:
-    """Runs ``cfg.job`` and returns (and writes) the summary."""
-    if cfg.job == "eval" and cfg.eval.agent != "policy":  # tau2 retail: the oracle or an HTTP endpoint
-        return run_host_eval(cfg)
-    if cfg.job == "qd_eval":  # questioners on a retrieval QA suite
-        from jaxagent.jobs.qd_eval import run_qd_eval
+    """Runs ``cfg.job`` (its `JobSpec`'s function, `jaxagent.jobs.registry`) and returns (and
+    writes) the summary."""
+    return job_spec(cfg.job).function()(cfg)
 
-        return run_qd_eval(cfg)
-    if cfg.job == "sft" and cfg.sft.data is not None:  # rows exported by job=qd_label, no environment
+
+def run_sft_job(cfg: RunConfig) -> dict[str, Any]:
+    """``job=sft``: on ``sft.data`` rows (exported by job=qd_label, no environment) or on the
+    environment's demonstrations (`run_policy_job`)."""
+    if cfg.sft.data is not None:
         from jaxagent.jobs.offline import run_sft_rows
 
         return run_sft_rows(cfg)
-    if cfg.job == "dpo":  # preference pairs exported by job=qd_label
-        from jaxagent.jobs.offline import run_dpo
+    return run_policy_job(cfg)
 
-        return run_dpo(cfg)
-    if cfg.job == "qd_tau2":  # the Q&D loop inside a tau2 retail agent
-        from jaxagent.jobs.qd_tau2 import run_qd_tau2
 
-        return run_qd_tau2(cfg)
-    if cfg.job == "serve":  # the policy behind an OpenAI-compatible API, until SIGINT/SIGTERM
-        from jaxagent.jobs.serve import run_serve
+def run_eval_job(cfg: RunConfig) -> dict[str, Any]:
+    """``job=eval``: a host agent the environment offers (``eval.agent``: `run_host_eval`), or the
+    policy (`run_policy_job`)."""
+    if cfg.eval.agent != "policy":
+        return run_host_eval(cfg)
+    return run_policy_job(cfg)
 
-        return run_serve(cfg)
-    if cfg.job == "qd_label":  # forks labelled by their consequences
-        from jaxagent.jobs.qd_label import run_qd_label
 
-        return run_qd_label(cfg)
+def run_policy_job(cfg: RunConfig) -> dict[str, Any]:
+    """The policy's jobs (sft, rl, sft+rl, eval): evaluated before, trained (SFT, RL), evaluated
+    after SFT and after; the summary attributes the gains to the stages."""
     t0 = time.perf_counter()
     run = prepare(cfg)
     before = _previous_eval(run, "before") if cfg.resume else None
@@ -172,4 +172,4 @@ def _export(run: Run, params) -> None:
     write_export(run.run_dir, run.cfg, run.qcfg, host)
 
 
-__all__ = ["attribution", "run_job"]
+__all__ = ["attribution", "run_eval_job", "run_job", "run_policy_job", "run_sft_job"]

@@ -321,10 +321,10 @@ async def play(env, agent, task_id: str, seed: int = 0, *, max_turns: int = 200)
 
 
 async def oracle_demo(env, task_id: str):
-    """The oracle's episode on ``task_id`` as an SFT demonstration (`jaxagent.envs.gyms.demos.Demo`):
+    """The oracle's episode on ``task_id`` as an SFT demonstration (`jaxagent.envs.base.Demo`):
     the reset's messages, each oracle turn (trained on) and the environment's answers, without the
     final step's answers, exactly as the rollout loop renders an episode."""
-    from jaxagent.envs.gyms.demos import Demo, agent_message_to_chat
+    from jaxagent.envs.base import Demo, agent_message_to_chat
 
     agent = OracleAgent()
     try:

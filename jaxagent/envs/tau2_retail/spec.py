@@ -1,0 +1,130 @@
+"""tau2-bench as a registered family: ``env.kind=tau2`` with ``env.tau2.domain`` (``retail``), and
+``env.kind=tau2_retail``, the same family with the domain fixed to retail (today's configs).
+
+Settings are the run's ``env`` section: ``env.tau2`` (`Tau2Section`: data, split, task selection,
+customer, scoring, judge, limits) and ``train_tasks`` / ``test_tasks`` (the first tasks of the
+selection; there is one split, so train and test share tasks). Demonstrations are the gold-action
+oracle's episodes (one per task); host agents for ``job=eval`` are ``oracle`` and ``endpoint``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+from jaxagent.envs.base import Demo
+from jaxagent.envs.llm_user import LLMUserConfig
+from jaxagent.envs.registry import DemoRequest, EnvContext, EnvSetup, EnvSpec, HostEvalRequest, HostEvalResult
+
+DOMAINS = ("retail",)
+
+
+def _help(default, text: str):
+    return dataclasses.field(default=default, metadata={"help": text})
+
+
+@dataclasses.dataclass(frozen=True)
+class Tau2Section:
+    """``env.tau2``: which tau2 domain and tasks, the customer, the scoring and the episode limits."""
+
+    domain: Literal["retail"] = _help("retail", "the tau2 domain (env.kind=tau2)")
+    data_dir: str | None = _help(None, "tau2 retail data (db.json, policy.md, tasks_*.json); null: the packaged copy")
+    split: Literal["train"] = "train"
+    tasks: str = _help("all", "task selection: all, a slice start:stop of the file order, or ids a,b,c")
+    customer: Literal["scripted", "llm"] = _help("scripted", "the deterministic scripted customer, or an LLM one")
+    customer_llm: LLMUserConfig | None = _help(None, "customer=llm: the OpenAI-compatible endpoint playing it")
+    scoring: Literal["offline", "tau2"] = _help(
+        "offline", "offline: DB x COMMUNICATE (classic tau-bench, no model call); tau2: each task's reward basis, "
+                   "NL assertions by env.tau2.judge")
+    judge: LLMUserConfig | None = _help(None, "scoring=tau2: the OpenAI-compatible NL-assertion judge")
+    max_steps: int = _help(200, "steps (agent messages, customer messages, tool-result batches) per episode")
+    max_errors: int = _help(10, "error tool messages that end an episode")
+
+    def __post_init__(self) -> None:
+        if self.domain not in DOMAINS:
+            raise ValueError(f"domain={self.domain!r}: expected one of {', '.join(map(repr, DOMAINS))}")
+        if self.customer == "llm" and self.customer_llm is None:
+            raise ValueError("customer='llm': expected env.tau2.customer_llm (base_url, model, ...)")
+        if self.max_steps < 1 or self.max_errors < 1:
+            raise ValueError(f"max_steps={self.max_steps}, max_errors={self.max_errors}: expected integers >= 1")
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise ValueError(f"data_dir={self.data_dir!r}: not a directory; expected one holding db.json, policy.md "
+                             "and tasks_train.json (or null for the packaged copy)")
+
+
+def simulator_clients(env: Any) -> list[tuple[str, LLMUserConfig]]:
+    """``env.tau2.customer_llm`` (customer=llm) and ``env.tau2.judge`` (scoring=tau2: the episode's
+    last step also judges), in the order one step may use them."""
+    t = env.tau2
+    out = [("env.tau2.customer_llm", t.customer_llm)] if t.customer == "llm" and t.customer_llm else []
+    return out + ([("env.tau2.judge", t.judge)] if t.scoring == "tau2" and t.judge is not None else [])
+
+
+def _build(ctx: EnvContext) -> EnvSetup:
+    from jaxagent.envs.tau2_retail.harness import Tau2EnvFactory
+
+    factory = Tau2EnvFactory(ctx.settings.tau2)
+    factory.record(False)  # evaluations record their own episodes
+    ids = factory.task_ids
+    return EnvSetup(factory, ids[: ctx.train_tasks], ids[: ctx.test_tasks])
+
+
+def _demos(ctx: EnvContext, setup: EnvSetup, request: DemoRequest) -> list[Demo]:
+    """The oracle's episode on each of the first ``min(train_tasks, n)`` tasks (it is deterministic)."""
+    from jaxagent.envs.tau2_retail.agents import oracle_demos
+
+    factory = setup.factory
+    return oracle_demos(factory, factory.task_ids[: min(ctx.train_tasks, request.n)])
+
+
+def _host_eval(ctx: EnvContext, request: HostEvalRequest) -> HostEvalResult:
+    """The oracle or an OpenAI-compatible endpoint on every selected task, ``k`` times."""
+    import asyncio
+
+    from jaxagent.envs.llm_user import LLMUserClient
+    from jaxagent.envs.tau2_retail.agents import EndpointAgent, OracleAgent
+    from jaxagent.envs.tau2_retail.harness import Tau2EnvFactory, evaluate_host, per_task, summarize, summary_text
+
+    section = ctx.settings.tau2
+
+    async def main():
+        factory = Tau2EnvFactory(section)
+        factory.record(False)  # the reports come back from `play`
+        # the agent samples at eval.temperature, as the local policy does
+        client = (LLMUserClient(request.endpoint.client_config(request.temperature))
+                  if request.agent == "endpoint" else None)
+        make_agent = (lambda env, seed: EndpointAgent(client)) if client is not None else (lambda env, seed: OracleAgent())
+        try:
+            return await evaluate_host(factory, make_agent, k=request.k, concurrency=request.concurrency,
+                                       max_turns=section.max_steps)
+        finally:
+            await factory.aclose()
+            if client is not None:
+                await client.aclose()
+
+    reports = asyncio.run(main())
+    rows = per_task(reports)
+    summary = {"customer": section.customer, **summarize(reports, scoring_mode=section.scoring, k=request.k)}
+    summary["pass_hat_k"] = sum(r["success"] >= 1.0 for r in rows) / len(rows)  # tau2's pass^k: all k runs
+    return HostEvalResult(reports, rows, summary, summary_text)
+
+
+def _check_retail(env: Any) -> None:
+    if env.tau2.domain != "retail":
+        raise ValueError(f"kind='tau2_retail': the retail domain; expected env.tau2.domain='retail' (got "
+                         f"{env.tau2.domain!r}), or env.kind=tau2")
+
+
+_COMMON = dict(
+    build=_build, max_reward=1.0, needs_text_tokenizer=True, sampled_eval=False, demonstrations=_demos,
+    host_agents=("oracle", "endpoint"), host_eval=_host_eval, simulator_clients=simulator_clients,
+    reaction_labels=("provide_info", "confirm", "approve", "accept", "be_vague", "clarify_request", "correct", "reject",
+                     "challenge", "complain"))
+
+TAU2 = EnvSpec(name="tau2", description="tau2-bench (env.tau2.domain: " + ", ".join(DOMAINS) + ")",
+               label=lambda env: f"tau2_{env.tau2.domain}", **_COMMON)
+TAU2_RETAIL = EnvSpec(name="tau2_retail", description="tau2-bench retail (env.kind=tau2 with env.tau2.domain=retail)",
+                      check=_check_retail, **_COMMON)
+
+__all__ = ["DOMAINS", "TAU2", "TAU2_RETAIL", "Tau2Section", "simulator_clients"]

@@ -1,0 +1,206 @@
+"""What ``python -m jaxagent.launch`` does once the command line is parsed: load and check the
+config, run the job (or ``--dry-run``: plan it), and turn what stops a run into a `JobError` whose
+kind heads the message the launcher exits with (``config error``, ``error``, ``simulator
+failure``, ``training failed``). `help_epilog` is the ``--help`` text after the options: the
+registered jobs, environments and credit terms, presets, config files and every key."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxagent import configlib
+from jaxagent.jobs.config import RunConfig, load_config
+from jaxagent.jobs.registry import JOBS, job_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class JobError(Exception):
+    """A run refused or stopped for a reason the user can act on; ``kind`` heads the message."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def help_width(width: int | None = None) -> int:
+    """`configlib.help_width`: ``width``, or the terminal's."""
+    return configlib.help_width(width)
+
+
+def config_files() -> list[str]:
+    d = ROOT / "configs"
+    return sorted(str(p.relative_to(ROOT)) for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def help_epilog(width: int) -> str:
+    """The registries (jobs, environments, credit terms), the model presets, the config files and
+    every key of the run config, wrapped to ``width``."""
+    import textwrap
+
+    from jaxagent.credit.registry import credit_term_names
+    from jaxagent.envs.registry import env_names
+    from jaxagent.models import preset_names
+
+    def para(label, items):
+        return textwrap.fill(label + ", ".join(items), width, subsequent_indent="    ", break_on_hyphens=False)
+
+    jobs = [f"  {name:<9} {spec.help}" for name, spec in JOBS.items()]
+    return "\n".join([
+        "jobs (job=NAME):", *[textwrap.fill(j, width, subsequent_indent=" " * 12) for j in jobs],
+        para("environments (env.kind=NAME, or package.module:NAME for your own): ", env_names()),
+        para("credit terms (rl.credit=NAME or NAME+NAME..., the outcome term grpo always in): ", credit_term_names()),
+        "short forms: env=K (env.kind=K), agent=A (eval.agent=A)",
+        para("model presets (model.preset=NAME): ", preset_names()),
+        para("config files: ", config_files() or ["(none found)"]), "",
+        "keys (key=value overrides; types and defaults):", configlib.describe(RunConfig, width)])
+
+
+def launch(config_file: str | None, overrides: Sequence[str], *, dry_run: bool = False) -> dict[str, Any]:
+    """Loads the config, checks what needs the files and devices, and runs the job (or plans it:
+    `plan`); the summary (or the plan) comes back. Raises `JobError`."""
+    from jaxagent.models.hf import CheckpointError
+    from jaxagent.rollout.loop import EpisodeBudgetError
+    from jaxagent.text.tokenizer import TokenizerError
+    from jaxagent.train.checkpoint import CheckpointDamaged
+    from jaxagent.train.rl import SimulatorFailureBudget
+    from jaxagent.train.step import TrainingFailed
+
+    try:
+        cfg = load_config(config_file, overrides)
+    except configlib.ConfigError as e:
+        raise JobError("config error", str(e)) from None
+    try:
+        check_paths(cfg, dry_run=dry_run)
+        if dry_run:
+            return plan(cfg)
+        from jaxagent.models.sharding import initialize_distributed
+
+        initialize_distributed(cfg.mesh)  # multi-host runs (docs/PODS.md): before any other JAX call
+        check_processes(cfg)
+        check_mesh(cfg)
+        from jaxagent.jobs.run import run_job
+
+        return run_job(cfg)
+    except (configlib.ConfigError, EpisodeBudgetError) as e:  # found once files, devices or the first prompt are seen
+        raise JobError("config error", str(e)) from None
+    except (CheckpointError, TokenizerError, CheckpointDamaged) as e:  # a damaged or foreign input file, named
+        raise JobError("error", str(e)) from None
+    except SimulatorFailureBudget as e:  # the user simulator kept failing (rl.failure_budget_iters, eval before)
+        raise JobError("simulator failure", str(e)) from None
+    except TrainingFailed as e:  # updates skipped past {rl,sft}.max_skipped_share, a collapse (rl.fail_on_collapse)
+        raise JobError("training failed", str(e)) from None
+
+
+def plan(cfg: RunConfig) -> dict:
+    """Config valid, mesh shape, parameter count and per-device parameter bytes, through
+    `jax.eval_shape`; works for meshes larger than this machine (an abstract mesh)."""
+    import jax
+    import numpy as np
+    from jax.sharding import AbstractMesh
+
+    from jaxagent.models import LogicalRules, make_mesh
+    from jaxagent.models.qwen import init_params, param_logical_axes
+    from jaxagent.models.sharding import MESH_AXES
+    from jaxagent.jobs.build import model_config
+
+    here = len(jax.devices())
+    dims = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor]
+    known = math.prod(d for d in dims if d != -1)
+    wanted = known if -1 not in dims or known > here else here
+    shape = cfg.mesh.shape(wanted)
+    mesh = make_mesh(cfg.mesh, jax.devices()[:wanted]) if wanted <= here else AbstractMesh(shape, MESH_AXES)
+    rules = LogicalRules(mesh)
+    shapes_from = "model.path" if cfg.model.path else "model.preset"
+    if cfg.model.path is not None and (Path(cfg.model.path) / "config.json").exists():
+        qcfg = model_config(cfg, 0)
+    elif cfg.model.path is not None:
+        # The checkpoint is not here yet (the usual case before downloading it): check the
+        # rest with the preset's architecture and say so.
+        import dataclasses
+
+        from jaxagent.models import preset
+
+        shapes_from = f"model.preset={cfg.model.preset!r} (model.path={cfg.model.path!r} has no config.json here)"
+        qcfg = preset(cfg.model.preset, dtype=model_config(dataclasses.replace(
+            cfg, model=dataclasses.replace(cfg.model, path=None)), 64).dtype)
+    else:
+        from jaxagent.jobs.build import build_tokenizer
+
+        qcfg = model_config(cfg, build_tokenizer(cfg).vocab_size)
+    abstract = jax.eval_shape(lambda k: init_params(k, qcfg), jax.random.key(0))
+    axes = param_logical_axes(qcfg)
+    per_device = 0
+    for leaf, ax in zip(jax.tree.leaves(abstract), jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple))):
+        spec = rules.spec(ax, leaf.shape)
+        n = int(np.prod(leaf.shape)) * leaf.dtype.itemsize
+        for entry in spec:
+            for a in (entry,) if isinstance(entry, str) else (entry or ()):
+                n //= mesh.shape[a]
+        per_device += n
+    count = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract)))
+    lora = {}
+    if cfg.model.lora.rank:  # what an update trains and keeps optimizer state for
+        from jaxagent.models.lora import num_lora_params
+
+        n = num_lora_params(dataclasses.replace(qcfg, lora=cfg.model.lora.spec()))
+        lora = {"lora_rank": cfg.model.lora.rank, "lora_targets": list(cfg.model.lora.targets),
+                "trained_parameters": n, "trained_share": round(n / count, 5)}
+    return {"config": "valid", "job": cfg.job, "name": cfg.name, "mesh": dict(zip(MESH_AXES, shape)),
+            "devices_needed": math.prod(shape), "devices_here": here, "abstract_mesh": wanted > here,
+            "parameters": count, "parameters_millions": round(count / 1e6, 2),
+            "param_bytes_per_device": per_device, "shapes_from": shapes_from, "credit": cfg.rl.credit, **lora}
+
+
+def check_paths(cfg: RunConfig, *, dry_run: bool = False) -> None:
+    """``model.path`` and ``tokenizer`` exist. Before a download (``--dry-run``) a checkpoint
+    directory that is not here yet is let through, with the tokenizer when it is that same
+    directory: `dry_run` then takes the preset's shapes and says so."""
+    from jaxagent.jobs.config import BUILTIN_TOKENIZER
+
+    m = cfg.model
+    model_absent = m.path is not None and not Path(m.path).is_dir()
+    if model_absent and not dry_run:
+        raise configlib.ConfigError(f"model.path={m.path!r}: not a directory; expected a Hugging Face checkpoint "
+                                    "directory (config.json + *.safetensors), or null for model.preset")
+    if cfg.tokenizer != BUILTIN_TOKENIZER and not Path(cfg.tokenizer).is_dir():
+        same = m.path is not None and Path(cfg.tokenizer).resolve() == Path(m.path).resolve()
+        if not (dry_run and model_absent and same):
+            raise configlib.ConfigError(f"tokenizer={cfg.tokenizer!r}: not a directory; expected a tokenizer (or "
+                                        f"checkpoint) directory holding tokenizer.json, tokenizer_config.json or "
+                                        f"tokenizer.model, or {BUILTIN_TOKENIZER!r}")
+
+
+def check_processes(cfg: RunConfig) -> None:
+    """A multi-process run (``mesh.distributed``, docs/PODS.md) runs the policy jobs: each process
+    plays its share of the episodes on its own copy of the policy, all train on all of them on the
+    global mesh (`jaxagent.rollout.processes`). The host agents of ``job=eval`` (the tau2 oracle,
+    an endpoint) use no mesh: they run in one process."""
+    import jax
+
+    spec = job_spec(cfg.job)
+    if jax.process_count() > 1 and not spec.multi_process:
+        raise configlib.ConfigError(f"job={cfg.job!r}: this launch is one of {jax.process_count()} processes; "
+                                    f"{spec.why_single} (mesh.distributed=false)")
+    if jax.process_count() > 1 and cfg.job == "eval" and cfg.eval.agent != "policy":
+        raise configlib.ConfigError(
+            f"eval.agent={cfg.eval.agent!r}: this launch is one of {jax.process_count()} processes, and a host agent "
+            "uses no devices; expected one process (mesh.distributed=false) or eval.agent=policy")
+
+
+def check_mesh(cfg: RunConfig) -> None:
+    """``mesh.*`` can be laid on the run's devices (all processes' in a multi-host run;
+    ``--dry-run`` instead builds an abstract mesh of the size asked for)."""
+    import jax
+
+    try:
+        cfg.mesh.shape(len(jax.devices()))
+    except ValueError as e:
+        raise configlib.ConfigError(f"{e} (on {len(jax.devices())} {jax.default_backend()} device(s) here; "
+                                    "expected a mesh whose product is the device count, or -1 on one axis)") from None
+
+
+__all__ = ["JobError", "check_mesh", "check_paths", "check_processes", "config_files", "help_epilog", "help_width", "launch", "plan"]
