@@ -4,7 +4,7 @@
 
 For each task: the oracle agent (the gold actions, each write confirmed by the customer first)
 must reach DB reward 1; each broken variant the task admits (a wrong argument, a missing write,
-an extra write; `jaxagent.envs.tau2_retail.agents.broken_plans`) must score DB 0. Writes one JSONL
+an extra write; `jaxagent.envs.tau2.agents.broken_plans`) must score DB 0. Writes one JSONL
 row per episode (task, agent, termination, components, reward) when ``--out`` is given, and ends
 with one JSON line: ``tasks``, ``db_reward_mean`` (the oracle's), ``broken_variants`` (episodes),
 ``broken_variants_scored_zero`` (how many scored DB 0), the oracle's offline reward mean and its
@@ -24,16 +24,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jaxagent.envs.tau2_retail.agents import OracleAgent, ScriptedAgent, broken_plans, play
-from jaxagent.envs.tau2_retail.env import Tau2RetailEnv, scripted_customers
-from jaxagent.envs.tau2_retail.tasks import load_task_set
+from jaxagent.envs.tau2.agents import OracleAgent, ScriptedAgent, broken_plans, play
+from jaxagent.envs.tau2.env import Tau2Env, scripted_customers
+from jaxagent.envs.tau2.tasks import load_task_set
 
 
 async def run(data_dir: str | None) -> list[dict]:
     tasks = load_task_set(data_dir)
     rows = []
     for tid, task in tasks.items():
-        env = lambda: Tau2RetailEnv(tasks, customer=scripted_customers(), data_dir=data_dir)
+        env = lambda: Tau2Env(tasks, customer=scripted_customers(), data_dir=data_dir)
         rep = await play(env(), OracleAgent(), tid)
         rows.append(dict(_row(rep), agent="oracle"))
         for variant, turns in broken_plans(task, data_dir).items():

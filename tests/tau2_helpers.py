@@ -6,11 +6,9 @@ import asyncio
 
 from jaxagent.credit.reaction import DEFAULT_POLARITY
 from jaxagent.envs.base import AgentMessage
-from jaxagent.envs.tau2_retail.customer import (
-    ScriptedCustomer,
-)
-from jaxagent.envs.tau2_retail.env import Tau2RetailEnv
-from jaxagent.envs.tau2_retail.tasks import (
+from jaxagent.envs.tau2.domains.retail.customer import ScriptedCustomer
+from jaxagent.envs.tau2.env import Tau2Env
+from jaxagent.envs.tau2.tasks import (
     load_task_set,
 )
 from jaxagent.text.toolcalls import ToolCall
@@ -58,7 +56,7 @@ def spy_env(**kw):
         spies.append(SpyCustomer(task, view, **kw.pop("customer_kw", {})))
         return spies[-1]
 
-    return Tau2RetailEnv(TASKS, customer=make, **kw), spies
+    return Tau2Env(TASKS, customer=make, **kw), spies
 
 
 async def episode(env, task_id, turns):

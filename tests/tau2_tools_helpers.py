@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from jaxagent.envs.tau2_retail.db import (
+from jaxagent.envs.tau2.domains.retail.db import (
     load_db,
 )
-from jaxagent.envs.tau2_retail.tools import (
+from jaxagent.envs.tau2.domains.retail.tools import (
     execute,
 )
 

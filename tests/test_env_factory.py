@@ -9,8 +9,8 @@ import pytest
 from jaxagent.envs.base import CallableEnvFactory, EnvFactory
 from jaxagent.envs.gyms import GYMS
 from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
-from jaxagent.envs.tau2_retail.agents import OracleAgent, play
-from jaxagent.envs.tau2_retail.harness import Tau2EnvFactory
+from jaxagent.envs.tau2.agents import OracleAgent, play
+from jaxagent.envs.tau2.harness import Tau2EnvFactory
 from jaxagent.envs.user_env import LLMUserEnv, LLMUserEnvFactory
 from jaxagent.jobs.config import Tau2Section
 

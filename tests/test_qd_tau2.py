@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
-from jaxagent.envs.tau2_retail.agents import play
-from jaxagent.envs.tau2_retail.env import Tau2RetailEnv, scripted_customers
-from jaxagent.envs.tau2_retail.scoring import initial_db
-from jaxagent.envs.tau2_retail.db import db_hash
+from jaxagent.envs.tau2.agents import play
+from jaxagent.envs.tau2.env import Tau2Env, scripted_customers
+from jaxagent.envs.tau2.scoring import initial_db
+from jaxagent.envs.tau2.db import db_hash
 from jaxagent.qd.agents import NeverAsk, Reply
 from jaxagent.qd.loop import RoleFailed
 from jaxagent.qd.tau2 import (
@@ -69,7 +69,7 @@ def test_the_rule_selector_reads_the_identifier_the_question_names():
 
 
 def test_wire_calls_parse_to_name_and_arguments_or_refuse():
-    from jaxagent.envs.tau2_retail.agents import wire_call
+    from jaxagent.envs.tau2.agents import wire_call
 
     assert wire_call({"function": {"name": "get_user_details", "arguments": '{"user_id": "u"}'}}) == (
         "get_user_details", {"user_id": "u"})
@@ -105,7 +105,7 @@ def test_malformed_plan_entries_are_counted_not_executed():
 
 def _episode(task_id, questioner, *, drafter=None, answerer=None, config=Tau2QDConfig(), selector=None):
     async def main():
-        env = Tau2RetailEnv(TASKS, customer=scripted_customers())
+        env = Tau2Env(TASKS, customer=scripted_customers())
         agent = Tau2QDAgent(questioner, selector or RuleSelector(), drafter or LookupDrafter(),
                             answerer or LookupAnswerer(), reader=env.read, key=jax.random.key(0), config=config)
         report = await play(env, agent, task_id, 0, max_turns=100)
@@ -115,7 +115,7 @@ def _episode(task_id, questioner, *, drafter=None, answerer=None, config=Tau2QDC
 
 
 def test_env_read_runs_read_only_tools_and_nothing_else():
-    env = Tau2RetailEnv(TASKS, customer=scripted_customers())
+    env = Tau2Env(TASKS, customer=scripted_customers())
     with pytest.raises(RuntimeError, match="reset"):
         env.read("get_order_details", {"order_id": "#W2378156"})
     asyncio.run(env.reset("0", 0))
@@ -202,7 +202,7 @@ def test_a_role_that_keeps_failing_fails_the_episode():
         async def draft(self, context, held):
             raise ConnectionError("drafter down")
 
-    env = Tau2RetailEnv(TASKS, customer=scripted_customers())
+    env = Tau2Env(TASKS, customer=scripted_customers())
     agent = Tau2QDAgent(NeverAsk(), RuleSelector(), Broken(), LookupAnswerer(), reader=env.read, key=jax.random.key(0))
     with pytest.raises(RoleFailed, match="drafter.draft: ConnectionError: drafter down"):
         asyncio.run(play(env, agent, "0", 0))
@@ -229,7 +229,7 @@ def test_endpoint_selector_drafter_and_answerer_over_http():
 
     with chat_server(replies) as (requests, url):
         async def main():
-            env = Tau2RetailEnv(TASKS, customer=scripted_customers())
+            env = Tau2Env(TASKS, customer=scripted_customers())
             c = _client(url)
             agent = Tau2QDAgent(OneQuestion(), EndpointSelector(c), EndpointDrafter(c), EndpointAnswerer(c),
                                 reader=env.read, key=jax.random.key(0), config=Tau2QDConfig(max_decisions=2))

@@ -5,16 +5,10 @@ import dataclasses
 import pytest
 
 from jaxagent.envs.base import AgentMessage
-from jaxagent.envs.tau2_retail.customer import (
-    STOP,
-    TRANSFER,
-    Identity,
-    ScriptedCustomer,
-    first_person,
-    identity_of,
-)
-from jaxagent.envs.tau2_retail.env import Tau2RetailEnv, scripted_customers
-from jaxagent.envs.tau2_retail.tasks import (
+from jaxagent.envs.tau2.customer import STOP, TRANSFER
+from jaxagent.envs.tau2.domains.retail.customer import Identity, ScriptedCustomer, first_person, identity_of
+from jaxagent.envs.tau2.env import Tau2Env, scripted_customers
+from jaxagent.envs.tau2.tasks import (
     Action,
 )
 
@@ -47,7 +41,7 @@ def test_scripted_customer_opening_and_identity_answers():
     async def main():
         out = {}
         for tid in ("0", "10", "57"):
-            env = Tau2RetailEnv(tasks, customer=scripted_customers())
+            env = Tau2Env(tasks, customer=scripted_customers())
             reset, steps = await episode(env, tid, [AgentMessage("Could you give me your email address?")])
             out[tid] = reset, steps[0]
         return out
@@ -67,7 +61,7 @@ def test_scripted_customer_confirms_only_a_matching_proposal():
     wrong = ok.replace("7747408585", "7747408586")
 
     async def main(text):
-        env = Tau2RetailEnv(TASKS, customer=scripted_customers())
+        env = Tau2Env(TASKS, customer=scripted_customers())
         _, steps = await episode(env, "0", [AgentMessage(text)])
         return steps[0]
 
@@ -79,7 +73,7 @@ def test_scripted_customer_confirms_only_a_matching_proposal():
 
 def test_scripted_customer_gives_up_after_patience_idle_replies():
     async def main():
-        env = Tau2RetailEnv(TASKS, customer=scripted_customers(patience=2))
+        env = Tau2Env(TASKS, customer=scripted_customers(patience=2))
         _, steps = await episode(env, "0", [AgentMessage("Hmm."), AgentMessage("Let me think.")])
         return env, steps
 
@@ -96,7 +90,7 @@ def test_scripted_customer_gives_up_after_patience_idle_replies():
 @pytest.mark.parametrize("tid, label, reward", [("0", "complain", 0.0), ("10", "accept", 1.0)])
 def test_scripted_customer_answers_a_transfer_with_the_transfer_token(tid, label, reward):
     async def main():
-        env = Tau2RetailEnv(TASKS, customer=scripted_customers())
+        env = Tau2Env(TASKS, customer=scripted_customers())
         _, steps = await episode(env, tid, [call("transfer_to_human_agents", summary="needs a human"),
                                             AgentMessage("I have transferred you to a human agent.")])
         return env, steps
@@ -111,7 +105,7 @@ def test_scripted_customer_answers_a_transfer_with_the_transfer_token(tid, label
 
 def test_scripted_customer_stops_complaining_after_an_unexpected_write():
     async def main():
-        env = Tau2RetailEnv(TASKS, customer=scripted_customers())
+        env = Tau2Env(TASKS, customer=scripted_customers())
         _, steps = await episode(env, "0", [
             call("cancel_pending_order", order_id="#W6247578", reason="no longer needed"),  # Yusuf's, not gold
             AgentMessage("Done. Anything else?")])

@@ -1,4 +1,4 @@
-"""tau2 retail episodes: the rules of `Tau2RetailEnv` and the oracle / broken-variant bar on all
+"""tau2 retail episodes: the rules of `Tau2Env` and the oracle / broken-variant bar on all
 74 train tasks. The database tools are covered by tests/test_tau2_tools.py."""
 
 import collections
@@ -7,19 +7,20 @@ import pytest
 
 from jaxagent.credit.reaction import DEFAULT_POLARITY
 from jaxagent.envs.base import AgentMessage
-from jaxagent.envs.tau2_retail.agents import (
+from jaxagent.envs.tau2.agents import (
     BROKEN_VARIANTS,
     OracleAgent,
     ScriptedAgent,
     broken_plans,
     play,
 )
-from jaxagent.envs.tau2_retail.customer import (
+from jaxagent.envs.tau2.customer import (
     STOP,
 )
-from jaxagent.envs.tau2_retail.db import db_hash, load_db, load_policy
-from jaxagent.envs.tau2_retail.env import EpisodeLimits, Tau2RetailEnv, scripted_customers
-from jaxagent.envs.tau2_retail.tools import TOOL_NAMES, tool_schemas
+from jaxagent.envs.tau2.db import db_hash
+from jaxagent.envs.tau2.domains.retail.db import load_db, load_policy
+from jaxagent.envs.tau2.env import EpisodeLimits, Tau2Env, scripted_customers
+from jaxagent.envs.tau2.domains.retail.tools import TOOL_NAMES, tool_schemas
 from jaxagent.text.toolcalls import ToolCall
 
 from tests.tau2_helpers import INITIAL_HASH, RFC_0, TASKS, call, episode, reply_text, run, spy_env
@@ -28,7 +29,7 @@ from tests.tau2_helpers import INITIAL_HASH, RFC_0, TASKS, call, episode, reply_
 # ============================================================================ env.py
 def test_reset_messages_and_tools():
     async def main():
-        env = Tau2RetailEnv(TASKS, customer=scripted_customers())
+        env = Tau2Env(TASKS, customer=scripted_customers())
         reset = await env.reset("0", 7)
         with pytest.raises(KeyError, match="task_id='5'"):
             await env.reset("5", 0)
@@ -79,7 +80,7 @@ def test_text_with_tool_calls_is_routed_as_tool_calls_and_its_text_counts():
 
 
 def test_empty_message_is_an_agent_error_and_step_after_the_end_raises():
-    env = Tau2RetailEnv(TASKS, customer=scripted_customers())
+    env = Tau2Env(TASKS, customer=scripted_customers())
 
     async def main():
         with pytest.raises(RuntimeError, match="expected reset"):
@@ -97,7 +98,7 @@ def test_empty_message_is_an_agent_error_and_step_after_the_end_raises():
 
 def test_unparseable_calls_give_error_tool_messages_that_count():
     async def main():
-        env = Tau2RetailEnv(TASKS, customer=scripted_customers())
+        env = Tau2Env(TASKS, customer=scripted_customers())
         return await episode(env, "24", [
             AgentMessage("", (), ("invalid_json",)),
             AgentMessage("", (ToolCall("calculate", {"expression": "1 + 1"}),), ("bad_arguments",))])
@@ -114,7 +115,7 @@ def test_ten_error_tool_messages_end_the_episode_with_reward_zero():
     bad = call("get_order_details", order_id="#W0000000")
 
     async def main():
-        env = Tau2RetailEnv(TASKS, customer=scripted_customers())
+        env = Tau2Env(TASKS, customer=scripted_customers())
         _, steps = await episode(env, "24", [bad] * 8 + [AgentMessage("", (), ("invalid_json",)), bad])
         return env, steps
 
@@ -156,12 +157,12 @@ def test_max_steps_ends_the_episode():
 
 def test_database_is_isolated_per_episode():
     async def main():
-        a = Tau2RetailEnv(TASKS, customer=scripted_customers())
-        b = Tau2RetailEnv(TASKS, customer=scripted_customers())
+        a = Tau2Env(TASKS, customer=scripted_customers())
+        b = Tau2Env(TASKS, customer=scripted_customers())
         await a.reset("0", 0)
         await b.reset("0", 0)
         s = await a.step(call("cancel_pending_order", order_id="#W6247578", reason="no longer needed"))
-        c = Tau2RetailEnv(TASKS, customer=scripted_customers())
+        c = Tau2Env(TASKS, customer=scripted_customers())
         await c.reset("0", 0)
         return a, b, c, s
 
@@ -177,9 +178,9 @@ def test_oracle_scores_one_and_every_broken_variant_zero_on_all_74_tasks():
     async def main():
         oracle, broken = [], []
         for tid, task in TASKS.items():
-            oracle.append(await play(Tau2RetailEnv(TASKS, customer=scripted_customers()), OracleAgent(), tid))
+            oracle.append(await play(Tau2Env(TASKS, customer=scripted_customers()), OracleAgent(), tid))
             for kind, turns in broken_plans(task).items():
-                rep = await play(Tau2RetailEnv(TASKS, customer=scripted_customers()), ScriptedAgent(turns), tid)
+                rep = await play(Tau2Env(TASKS, customer=scripted_customers()), ScriptedAgent(turns), tid)
                 broken.append((kind, rep))
         return oracle, broken
 

@@ -9,26 +9,20 @@ import pytest
 
 from jaxagent.envs.base import AgentMessage
 from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
-from jaxagent.envs.tau2_retail import scoring
-from jaxagent.envs.tau2_retail.agents import (
+from jaxagent.envs.tau2 import scoring
+from jaxagent.envs.tau2.agents import (
     EndpointAgent,
     OracleAgent,
     play,
 )
-from jaxagent.envs.tau2_retail.customer import (
-    GREETING,
-    STOP_TOKENS,
-    TRANSFER,
-    ScriptedCustomer,
-    customer_config,
-    first_person,
-)
-from jaxagent.envs.tau2_retail.db import load_policy
-from jaxagent.envs.tau2_retail.env import Tau2RetailEnv, llm_customers, scripted_customers
-from jaxagent.envs.tau2_retail.tasks import (
+from jaxagent.envs.tau2.customer import GREETING, STOP_TOKENS, TRANSFER, customer_config
+from jaxagent.envs.tau2.domains.retail.customer import ScriptedCustomer, first_person
+from jaxagent.envs.tau2.domains.retail.db import load_policy
+from jaxagent.envs.tau2.env import Tau2Env, llm_customers, scripted_customers
+from jaxagent.envs.tau2.tasks import (
     render_scenario,
 )
-from jaxagent.envs.tau2_retail.tools import TOOL_NAMES, tool_schemas
+from jaxagent.envs.tau2.domains.retail.tools import TOOL_NAMES, tool_schemas
 from jaxagent.text.toolcalls import ToolCall
 
 from tests.loopback import chat_server as serve
@@ -48,7 +42,7 @@ def test_llm_customer_end_to_end():
     with serve(replies) as (requests, url):
         async def main():
             async with LLMUserClient(customer_config(_config(url))) as client:
-                env = Tau2RetailEnv(TASKS, customer=llm_customers(client))
+                env = Tau2Env(TASKS, customer=llm_customers(client))
                 reset = await env.reset("0", 0)
                 s1 = await env.step(call("find_user_id_by_name_zip", first_name="Yusuf", last_name="Rossi",
                                          zip="19122"))
@@ -100,7 +94,7 @@ def test_tau2_scoring_with_a_judge_server(verdicts, reward):
     with serve(["Here is my grading:\n" + verdict]) as (requests, url):
         async def main():
             async with LLMUserClient(_config(url)) as judge:
-                env = Tau2RetailEnv(TASKS, customer=scripted_customers(), scoring_mode="tau2", judge=judge)
+                env = Tau2Env(TASKS, customer=scripted_customers(), scoring_mode="tau2", judge=judge)
                 return await play(env, OracleAgent(), "19")
 
         rep = run(main())
@@ -123,19 +117,19 @@ def test_tau2_scoring_without_a_judge():
     said = AgentMessage("Your shirts are polyester and cotton.")
 
     async def main():
-        env = Tau2RetailEnv(TASKS, customer=scripted_customers(), scoring_mode="tau2")
+        env = Tau2Env(TASKS, customer=scripted_customers(), scoring_mode="tau2")
         await env.reset("24", 0)
         with pytest.raises(ValueError, match=r"env\.tau2\.judge"):
             await env.step(said)
         # a task without assertions needs no judge: task 10's transfer scores DB 1 x NL 1
-        env = Tau2RetailEnv(TASKS, customer=scripted_customers(), scoring_mode="tau2")
+        env = Tau2Env(TASKS, customer=scripted_customers(), scoring_mode="tau2")
         _, steps = await episode(env, "10", [call("transfer_to_human_agents", summary="s"), AgentMessage("Done.")])
         return env, steps[-1]
 
     env, s = run(main())
     assert s.done and s.reward == 1.0 and env.result.mode == "tau2" and env.result.components["NL_ASSERTION"] == 1.0
     with pytest.raises(ValueError, match="scoring_mode='both'"):
-        Tau2RetailEnv(TASKS, customer=scripted_customers(), scoring_mode="both")
+        Tau2Env(TASKS, customer=scripted_customers(), scoring_mode="both")
 
 
 def _tool_call(cid, name, arguments):
@@ -153,7 +147,7 @@ def test_endpoint_agent_plays_through_openai_tool_calls():
         {"role": "assistant", "content": "You are now with a human agent."},
     ]
     with serve(replies) as (requests, url):
-        env = Tau2RetailEnv(TASKS, customer=scripted_customers())
+        env = Tau2Env(TASKS, customer=scripted_customers())
 
         async def main():
             async with LLMUserClient(_config(url)) as client:
@@ -196,8 +190,8 @@ def test_endpoint_eval_gives_the_agent_the_environments_prompt_not_the_user_simu
     from jaxagent import configlib
     from jaxagent.jobs.config import load_config
     from jaxagent.envs.user_prompt import DEFAULT_SYSTEM_PROMPT
-    from jaxagent.envs.tau2_retail.agents import EndpointConfig
-    from jaxagent.envs.tau2_retail.env import system_prompt
+    from jaxagent.envs.tau2.agents import EndpointConfig
+    from jaxagent.envs.tau2.env import system_prompt
     from jaxagent.launch import main
 
     base = ["job=eval", "env.kind=tau2_retail", "eval.agent=endpoint", "eval.endpoint.base_url=http://127.0.0.1:1/v1",
@@ -260,7 +254,7 @@ def test_a_retried_step_after_a_customer_failure_commits_once(mode):
         customers.append(FlakyCustomer(task, view, mode))
         return customers[-1]
 
-    env = Tau2RetailEnv(TASKS, customer=make)
+    env = Tau2Env(TASKS, customer=make)
     counters = {"simulator_errors": 0}
 
     async def main():
@@ -277,7 +271,7 @@ def test_a_retried_step_after_a_customer_failure_commits_once(mode):
 
 def test_an_llm_customer_failure_leaves_its_conversation_unchanged():
     from jaxagent.envs.llm_user import SimulatorError
-    from jaxagent.envs.tau2_retail.customer import LLMCustomer, customer_config
+    from jaxagent.envs.tau2.customer import LLMCustomer, customer_config
 
     with socket.socket() as sock:  # a port nobody listens on: every request fails
         sock.bind(("127.0.0.1", 0))
@@ -295,7 +289,7 @@ def test_a_judge_failure_is_retried_and_the_ending_resumes():
     with serve([{"role": "assistant", "content": None}, verdict]) as (requests, url):  # 1st: unusable body
         async def main():
             async with LLMUserClient(_config(url)) as judge:
-                env = Tau2RetailEnv(TASKS, customer=scripted_customers(), scoring_mode="tau2", judge=judge)
+                env = Tau2Env(TASKS, customer=scripted_customers(), scoring_mode="tau2", judge=judge)
                 agent = OracleAgent()
                 reset = await env.reset("19", 0)
                 agent.start(env.task, reset)
@@ -320,8 +314,8 @@ def test_a_judge_failure_is_retried_and_the_ending_resumes():
 
 def test_evaluate_host_contains_a_failing_reset(monkeypatch):
     from jaxagent.jobs.config import Tau2Section
-    from jaxagent.envs.tau2_retail import env as env_module
-    from jaxagent.envs.tau2_retail.harness import Tau2EnvFactory, evaluate_host
+    from jaxagent.envs.tau2 import env as env_module
+    from jaxagent.envs.tau2.harness import Tau2EnvFactory, evaluate_host
 
     real = env_module.scoring.initial_db
     calls = []

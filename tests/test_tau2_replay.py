@@ -12,10 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jaxagent.envs.tau2_retail.db import db_hash, load_db
-from jaxagent.envs.tau2_retail.scoring import ReplayMismatch, replay_db
-from jaxagent.envs.tau2_retail.tasks import load_task_set
-from jaxagent.envs.tau2_retail.tools import WRITE_TOOLS, execute
+from jaxagent.envs.tau2.db import db_hash
+from jaxagent.envs.tau2.domains.retail.db import load_db
+from jaxagent.envs.tau2.scoring import ReplayMismatch, replay_db
+from jaxagent.envs.tau2.tasks import load_task_set
+from jaxagent.envs.tau2.domains.retail.tools import WRITE_TOOLS, execute
 
 USERS = ("raj_sanchez_2970", "emma_smith_8564", "olivia_ito_3591")
 

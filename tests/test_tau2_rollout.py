@@ -14,7 +14,7 @@ from jaxagent import configlib
 from jaxagent.jobs.config import Tau2Section, load_config
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.credit.reaction import DEFAULT_POLARITY
-from jaxagent.envs.tau2_retail.harness import Tau2EnvFactory, per_task, summarize
+from jaxagent.envs.tau2.harness import Tau2EnvFactory, per_task, summarize
 from jaxagent.launch import expand_alias, main
 from jaxagent.models import init_params, preset
 from jaxagent.models.generate import SamplingParams
@@ -178,7 +178,7 @@ class OracleEngine:
 
     def __init__(self, task):
         from jaxagent.envs.base import Reset
-        from jaxagent.envs.tau2_retail.agents import OracleAgent
+        from jaxagent.envs.tau2.agents import OracleAgent
 
         self.agent = OracleAgent()
         self.agent.start(task, Reset(()))
@@ -300,7 +300,7 @@ def test_launch_eval_with_a_local_checkpoint(tmp_path):
 
 def test_oracle_demos_render_with_the_loss_on_the_agent_turns_only():
     from jaxagent.rollout.demos import render_demo
-    from jaxagent.envs.tau2_retail.agents import oracle_demos
+    from jaxagent.envs.tau2.agents import oracle_demos
 
     factory = Tau2EnvFactory(Tau2Section(tasks="0,14"))
     factory.record(False)

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from jaxagent.envs.tau2_retail import scoring
-from jaxagent.envs.tau2_retail.db import db_hash, load_db, load_tasks
-from jaxagent.envs.tau2_retail.tasks import (
+from jaxagent.envs.tau2 import scoring
+from jaxagent.envs.tau2.db import db_hash
+from jaxagent.envs.tau2.domains.retail.db import load_db, load_tasks
+from jaxagent.envs.tau2.tasks import (
     Task,
     TaskError,
     load_task_set,

@@ -5,24 +5,10 @@ import json
 
 import pytest
 
-from jaxagent.envs.tau2_retail.db import (
-    DEFAULT_DATA_DIR,
-    ORDER_FIELDS,
-    ORDER_OPTIONAL_FIELDS,
-    ORDER_STATUSES,
-    db_hash,
-    load_db,
-    load_policy,
-    load_tasks,
-)
-from jaxagent.envs.tau2_retail.tools import (
-    TOOL_NAMES,
-    WRITE_TOOLS,
-    RetailTools,
-    ToolError,
-    ToolResult,
-    execute,
-)
+from jaxagent.envs.tau2.domains.retail.db import DEFAULT_DATA_DIR, ORDER_FIELDS, ORDER_OPTIONAL_FIELDS, ORDER_STATUSES, load_db, load_policy, load_tasks
+from jaxagent.envs.tau2.db import db_hash
+from jaxagent.envs.tau2.domains.retail.tools import RetailTools, TOOL_NAMES, WRITE_TOOLS, execute
+from jaxagent.envs.tau2.tools import ToolError, ToolResult
 
 from tests.tau2_tools_helpers import (ADDRESS, CANONICAL_ADDRESS, CC_PENDING, DELIVERED, E, EXCHANGE, GC_PENDING,
                                       HOSES, INITIAL_HASH, KEYBOARD, LIAM_CC, MODIFY_ITEMS, OLIVIA_GC, OMAR_CC,

@@ -7,23 +7,10 @@ import json
 
 import pytest
 
-from jaxagent.envs.tau2_retail.db import (
-    DEFAULT_DATA_DIR,
-    ORDER_FIELDS,
-    db_hash,
-    load_db,
-    load_tasks,
-)
-from jaxagent.envs.tau2_retail.tools import (
-    TOOL_NAMES,
-    WRITE_TOOLS,
-    TOOL_SCHEMAS_FILE,
-    RetailTools,
-    check_tool_schemas,
-    execute,
-    render,
-    tool_schemas,
-)
+from jaxagent.envs.tau2.domains.retail.db import DEFAULT_DATA_DIR, ORDER_FIELDS, load_db, load_tasks
+from jaxagent.envs.tau2.db import db_hash
+from jaxagent.envs.tau2.domains.retail.tools import RetailTools, TOOL_NAMES, TOOL_SCHEMAS_FILE, WRITE_TOOLS, check_tool_schemas, execute, tool_schemas
+from jaxagent.envs.tau2.tools import render
 
 from tests.tau2_tools_helpers import (ADDRESS, call, CC_PENDING, DELIVERED, E, EXCHANGE, GC_PENDING, HARPER_CC,
                                       HOSES, INITIAL_HASH, KEYBOARD, LIAM_CC, MODIFY_ITEMS, MULTI, ok, OLIVIA_CC,

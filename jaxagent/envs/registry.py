@@ -33,8 +33,8 @@ from jaxagent.envs.base import Demo, EnvFactory
 BUILTIN_ENVS: dict[str, str] = {
     "gym": "jaxagent.envs.gyms.spec:GYM",
     "llm_user": "jaxagent.envs.user_env:LLM_USER",
-    "tau2": "jaxagent.envs.tau2_retail.spec:TAU2",
-    "tau2_retail": "jaxagent.envs.tau2_retail.spec:TAU2_RETAIL",
+    "tau2": "jaxagent.envs.tau2.spec:TAU2",
+    "tau2_retail": "jaxagent.envs.tau2.spec:TAU2_RETAIL",
 }
 
 _PLUGIN = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")

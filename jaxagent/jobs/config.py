@@ -25,8 +25,8 @@ from jaxagent.credit.losses import PPOConfig
 from jaxagent.credit.reaction import FacaConfig
 from jaxagent.envs.llm_user import LLMUserConfig
 from jaxagent.envs.registry import EnvContext, EnvSpec, resolve_env
-from jaxagent.envs.tau2_retail.agents import EndpointConfig
-from jaxagent.envs.tau2_retail.spec import Tau2Section
+from jaxagent.envs.tau2.agents import EndpointConfig
+from jaxagent.envs.tau2.spec import Tau2Section, tau2_domain
 from jaxagent.jobs.registry import job_names
 from jaxagent.models.sharding import MeshConfig
 from jaxagent.train.rl import RLSettings
@@ -541,7 +541,8 @@ class RunConfig:
         if spec.needs_text_tokenizer and self.eval.agent == "policy" and self.tokenizer == BUILTIN_TOKENIZER \
                 and self.job != "qd_tau2":  # job=qd_tau2 needs a tokenizer only for qd.questioner=policy (below)
             raise ValueError(f"tokenizer='builtin:gyms': the gyms' closed vocabulary cannot spell the text of env.kind="
-                             f"{self.env.kind!r}; expected a tokenizer directory (e.g. the checkpoint's, as model.path)")
+                             f"{self.env.kind!r}; expected a tokenizer directory (e.g. the checkpoint's, as "
+                             "model.path)")
         check_timeout(self)
         if self.job == "dpo" and self.dpo.data is None:
             raise ValueError("dpo.data=None: job=dpo trains on preference pairs; expected a pairs file (job=qd_label's "
@@ -555,7 +556,7 @@ class RunConfig:
         if self.serve.adapter is not None and (self.job != "serve" or self.model.path is None):
             raise ValueError(f"serve.adapter={self.serve.adapter!r}: an adapter is applied to model.path in job=serve; "
                              "expected job=serve and model.path set (the adapter's base)")
-        if self.job == "qd_tau2" and (self.env.kind not in ("tau2", "tau2_retail") or self.env.tau2.domain != "retail"):
+        if self.job == "qd_tau2" and tau2_domain(self.env) != "retail":
             raise ValueError(f"job='qd_tau2': the Q&D loop inside a tau2 retail agent; expected env.kind='tau2_retail' "
                              f"(got {self.env.kind!r}, env.tau2.domain={self.env.tau2.domain!r})")
         if self.job == "qd_tau2" and self.qd.baseline not in ("none",):

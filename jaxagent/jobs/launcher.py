@@ -203,4 +203,5 @@ def check_mesh(cfg: RunConfig) -> None:
                                     "expected a mesh whose product is the device count, or -1 on one axis)") from None
 
 
-__all__ = ["JobError", "check_mesh", "check_paths", "check_processes", "config_files", "help_epilog", "help_width", "launch", "plan"]
+__all__ = ["JobError", "check_mesh", "check_paths", "check_processes", "config_files", "help_epilog", "help_width",
+           "launch", "plan"]

@@ -89,7 +89,7 @@ def compare(treatment: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[s
 def _agents(cfg: RunConfig, kind: str, clients: list, model):
     """(a factory ``(env, seed) -> agent`` for the arm, its description)."""
     from jaxagent.envs.llm_user import LLMUserClient
-    from jaxagent.envs.tau2_retail.agents import EndpointAgent, EndpointConfig
+    from jaxagent.envs.tau2.agents import EndpointAgent, EndpointConfig
 
     q = cfg.qd
     if kind == "endpoint":  # the drafter's model as a plain tool-calling agent
@@ -124,7 +124,7 @@ def _agents(cfg: RunConfig, kind: str, clients: list, model):
 
 
 def run_qd_tau2(cfg: RunConfig) -> dict[str, Any]:
-    from jaxagent.envs.tau2_retail.harness import SCORING_NOTE, Tau2EnvFactory, evaluate_host
+    from jaxagent.envs.tau2.harness import SCORING_NOTE, Tau2EnvFactory, evaluate_host
     from jaxagent.jobs.resume import check_run_dir, record_config
 
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """The Q&D loop inside a tau2 retail agent (host code): the Q&D spec's §5.4 transfer, no further training.
 
 `Tau2QDAgent` is a tau2 retail agent (`start(task, reset)`, `async act(messages)`, as
-`jaxagent.envs.tau2_retail.agents`). On each customer message it runs the whole questioner-drafter
+`jaxagent.envs.tau2.agents`). On each customer message it runs the whole questioner-drafter
 loop inside **one** assistant turn:
 
 - the **task text** the questioner sees is what the customer has said so far (their messages only,
@@ -9,7 +9,7 @@ loop inside **one** assistant turn:
 - the **retriever** is the store's read-only tools: a selector maps each question to one read-only
   call with arguments (`RuleSelector` offline, `EndpointSelector` a model with the seven read tool
   schemas); a write, generic or unknown tool executes nothing; the call runs against the live
-  database (`Tau2RetailEnv.read`: outside the conversation, never scored);
+  database (`Tau2Env.read`: outside the conversation, never scored);
 - **evidence units** are the database records the call's arguments name (``user:<id>``,
   ``order:<id>``, ``product:<id>``, ``item:<id>``), else one unit identified by the request
   (``find_user_id_by_email:<email>``, ``list_all_product_types``), never by the result; the
@@ -48,8 +48,8 @@ import jax
 from jaxagent.envs.base import AgentMessage, EnvMessage, Reset
 from jaxagent.envs.llm_user import LLMUserClient
 from jaxagent.envs.retrieval_qa.tasks import QATask, Unit
-from jaxagent.envs.tau2_retail.agents import wire_call
-from jaxagent.envs.tau2_retail.tools import READ_TOOLS, WRITE_TOOLS, tool_schemas
+from jaxagent.envs.tau2.agents import wire_call
+from jaxagent.envs.tau2.domains.retail.tools import READ_TOOLS, WRITE_TOOLS, tool_schemas
 from jaxagent.qd.agents import QDState, Questioner, Reply, describe
 from jaxagent.qd.loop import RoleFailed, _call
 from jaxagent.qd.prompts import STOP_JSON, EvidenceView, ask_json, first_json_object, parse_action, render_state
@@ -348,7 +348,7 @@ Reader = Callable[[str, Mapping[str, Any]], Any]  # (name, arguments) -> ToolRes
 
 class Tau2QDAgent:
     """The agent of the module docstring. ``reader``: the episode's read-only tool runner
-    (`Tau2RetailEnv.read`); ``key``, ``seed``: the questioner's sampling (decision i of the
+    (`Tau2Env.read`); ``key``, ``seed``: the questioner's sampling (decision i of the
     dialogue samples with ``fold_in(fold_in(key, seed), i)``)."""
 
     def __init__(self, questioner: Questioner, selector: Selector, drafter: Tau2Drafter, answerer: Tau2Answerer, *,

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from jaxagent.envs.base import Demo
 from jaxagent.envs.llm_user import LLMUserConfig
-from jaxagent.envs.registry import DemoRequest, EnvContext, EnvSetup, EnvSpec, HostEvalRequest, HostEvalResult
+from jaxagent.envs.registry import (DemoRequest, EnvContext, EnvSetup, EnvSpec, HostEvalRequest, HostEvalResult,
+                                    resolve_env)
 
 DOMAINS = ("retail",)
 
@@ -62,7 +63,7 @@ def simulator_clients(env: Any) -> list[tuple[str, LLMUserConfig]]:
 
 
 def _build(ctx: EnvContext) -> EnvSetup:
-    from jaxagent.envs.tau2_retail.harness import Tau2EnvFactory
+    from jaxagent.envs.tau2.harness import Tau2EnvFactory
 
     factory = Tau2EnvFactory(ctx.settings.tau2)
     factory.record(False)  # evaluations record their own episodes
@@ -72,7 +73,7 @@ def _build(ctx: EnvContext) -> EnvSetup:
 
 def _demos(ctx: EnvContext, setup: EnvSetup, request: DemoRequest) -> list[Demo]:
     """The oracle's episode on each of the first ``min(train_tasks, n)`` tasks (it is deterministic)."""
-    from jaxagent.envs.tau2_retail.agents import oracle_demos
+    from jaxagent.envs.tau2.agents import oracle_demos
 
     factory = setup.factory
     return oracle_demos(factory, factory.task_ids[: min(ctx.train_tasks, request.n)])
@@ -83,8 +84,8 @@ def _host_eval(ctx: EnvContext, request: HostEvalRequest) -> HostEvalResult:
     import asyncio
 
     from jaxagent.envs.llm_user import LLMUserClient
-    from jaxagent.envs.tau2_retail.agents import EndpointAgent, OracleAgent
-    from jaxagent.envs.tau2_retail.harness import Tau2EnvFactory, evaluate_host, per_task, summarize, summary_text
+    from jaxagent.envs.tau2.agents import EndpointAgent, OracleAgent
+    from jaxagent.envs.tau2.harness import Tau2EnvFactory, evaluate_host, per_task, summarize, summary_text
 
     section = ctx.settings.tau2
 
@@ -94,7 +95,12 @@ def _host_eval(ctx: EnvContext, request: HostEvalRequest) -> HostEvalResult:
         # the agent samples at eval.temperature, as the local policy does
         client = (LLMUserClient(request.endpoint.client_config(request.temperature))
                   if request.agent == "endpoint" else None)
-        make_agent = (lambda env, seed: EndpointAgent(client)) if client is not None else (lambda env, seed: OracleAgent())
+        if client is not None:
+            def make_agent(env, seed):
+                return EndpointAgent(client)
+        else:
+            def make_agent(env, seed):
+                return OracleAgent()
         try:
             return await evaluate_host(factory, make_agent, k=request.k, concurrency=request.concurrency,
                                        max_turns=section.max_steps)
@@ -127,4 +133,12 @@ TAU2 = EnvSpec(name="tau2", description="tau2-bench (env.tau2.domain: " + ", ".j
 TAU2_RETAIL = EnvSpec(name="tau2_retail", description="tau2-bench retail (env.kind=tau2 with env.tau2.domain=retail)",
                       check=_check_retail, **_COMMON)
 
-__all__ = ["DOMAINS", "TAU2", "TAU2_RETAIL", "Tau2Section", "simulator_clients"]
+
+
+def tau2_domain(env: Any) -> str | None:
+    """The tau2 domain a run's ``env`` section plays (``env.tau2.domain``), or None when ``env.kind``
+    is not a tau2 family."""
+    return env.tau2.domain if resolve_env(env.kind) in (TAU2, TAU2_RETAIL) else None
+
+
+__all__ = ["DOMAINS", "TAU2", "TAU2_RETAIL", "Tau2Section", "simulator_clients", "tau2_domain"]

@@ -1,7 +1,8 @@
-"""The tau2 retail episode as a jaxagent `Environment` (episode rules of tau2-bench at commit a2c0247).
+"""The tau2 episode as a jaxagent `Environment` (episode rules of tau2-bench at commit a2c0247), for
+every domain (`jaxagent.envs.tau2.domain.Domain`: its database, tools and customer).
 
-    env = Tau2RetailEnv(tasks, customer=scripted_customers())        # or llm_customers(client)
-    reset = await env.reset("0", seed=0)          # system prompt (policy) + the customer's opening; 16 tools
+    env = Tau2Env(tasks, customer=scripted_customers())        # or llm_customers(client)
+    reset = await env.reset("0", seed=0)          # system prompt (policy) + the customer's opening; retail's 16 tools
     step = await env.step(AgentMessage("", (ToolCall("find_user_id_by_email", {"email": ...}),)))
 
 - **State.** A fresh, isolated database per episode (`scoring.initial_db`: ``db.json`` plus the
@@ -37,11 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from jaxagent.envs.base import AgentMessage, Environment, EnvMessage, Reset, Step
-from jaxagent.envs.tau2_retail import scoring
-from jaxagent.envs.tau2_retail.customer import GREETING, Customer, CustomerTurn, LLMCustomer, ScriptedCustomer
-from jaxagent.envs.tau2_retail.db import db_hash, load_policy
-from jaxagent.envs.tau2_retail.tasks import Task
-from jaxagent.envs.tau2_retail.tools import READ_TOOLS, WRITE_TOOLS, execute, tool_schemas
+from jaxagent.envs.tau2 import DEFAULT_DOMAIN, get_domain, scoring
+from jaxagent.envs.tau2.customer import GREETING, Customer, CustomerTurn, LLMCustomer
+from jaxagent.envs.tau2.db import db_hash
+from jaxagent.envs.tau2.tasks import Task
 
 AGENT_INSTRUCTION = """\
 You are a customer service agent that helps the user according to the <policy> provided below.
@@ -69,27 +69,30 @@ class EpisodeLimits:
 
 
 def scripted_customers(**kwargs) -> Callable[[Task, Any], Customer]:
-    """A customer factory for `Tau2RetailEnv`: a `ScriptedCustomer` per episode."""
-    return lambda task, view: ScriptedCustomer(task, view, **kwargs)
+    """A customer factory for `Tau2Env`: the task's domain's scripted customer per episode
+    (`Domain.scripted_customer`)."""
+    return lambda task, view: get_domain(task.domain).scripted_customer(task, view, **kwargs)
 
 
 def llm_customers(client) -> Callable[[Task, Any], Customer]:
-    """A customer factory for `Tau2RetailEnv`: an `LLMCustomer` per episode over one shared client."""
+    """A customer factory for `Tau2Env`: an `LLMCustomer` per episode over one shared client."""
     return lambda task, view: LLMCustomer(client, task)
 
 
-class Tau2RetailEnv(Environment):
-    """One tau2 retail episode (see the module docstring). ``judge``: an `LLMUserClient` for the
-    NL assertions (required by ``scoring="tau2"`` for tasks that have assertions)."""
+class Tau2Env(Environment):
+    """One tau2 episode of ``domain`` (see the module docstring); ``tasks`` are that domain's.
+    ``judge``: an `LLMUserClient` for the NL assertions (required by ``scoring="tau2"`` for tasks
+    that have assertions)."""
 
     def __init__(self, tasks: Mapping[str, Task], *, customer: Callable[[Task, Any], Customer],
                  data_dir: str | Path | None = None, scoring_mode: str = "offline", limits: EpisodeLimits = EpisodeLimits(),
-                 judge=None, policy: str | None = None):
+                 judge=None, policy: str | None = None, domain: str = DEFAULT_DOMAIN):
         if scoring_mode not in scoring.SCORING_MODES:
             raise ValueError(f"scoring_mode={scoring_mode!r}: expected one of {', '.join(scoring.SCORING_MODES)}")
+        self.domain = get_domain(domain)
         self.tasks, self.make_customer, self.data_dir = tasks, customer, data_dir
         self.scoring_mode, self.limits, self.judge = scoring_mode, limits, judge
-        self.policy = policy if policy is not None else load_policy(data_dir)
+        self.policy = policy if policy is not None else self.domain.load_policy(data_dir)
         self.task: Task | None = None
         self.db: dict = {}
         self.messages: list[dict[str, Any]] = []
@@ -118,7 +121,7 @@ class Tau2RetailEnv(Environment):
         return [(c["name"], c["arguments"]) for c in self.calls if not c["error"]]
 
     def successful_writes(self) -> list[tuple[str, Mapping[str, Any]]]:
-        return [(n, a) for n, a in self.successful_calls() if n in WRITE_TOOLS]
+        return [(n, a) for n, a in self.successful_calls() if n in self.domain.write_tools]
 
     def unexpected_writes(self) -> list[tuple[str, Mapping[str, Any]]]:
         gold = [(a.name, dict(a.arguments)) for a in self.task.write_actions]
@@ -139,10 +142,10 @@ class Tau2RetailEnv(Environment):
         this way as the agent's, and scoring (which replays writes only) ignores it. A write,
         generic or unknown tool executes nothing: None."""
         if self.task is None or not self.db:
-            raise RuntimeError("Tau2RetailEnv.read: no episode in progress; expected reset() first")
-        if name not in READ_TOOLS:
+            raise RuntimeError("Tau2Env.read: no episode in progress; expected reset() first")
+        if name not in self.domain.read_tools:
             return None
-        res = execute(self.db, name, dict(arguments))
+        res = self.domain.execute(self.db, name, dict(arguments))
         self.calls.append({"name": name, "arguments": dict(arguments), "error": res.error, "content": res.content,
                            "via": "read"})
         return res
@@ -150,7 +153,8 @@ class Tau2RetailEnv(Environment):
     # -- Environment
     async def reset(self, task_id: str, seed: int) -> Reset:
         if task_id not in self.tasks:
-            raise KeyError(f"task_id={task_id!r}: not among the {len(self.tasks)} tau2 retail tasks of this environment")
+            raise KeyError(f"task_id={task_id!r}: not among the {len(self.tasks)} tau2 {self.domain.name} tasks of "
+                           "this environment")
         self.task, self.seed = self.tasks[task_id], seed
         self.db = await asyncio.to_thread(scoring.initial_db, self.task, self.data_dir)
         self.messages, self.calls = [], []
@@ -161,7 +165,7 @@ class Tau2RetailEnv(Environment):
         self.steps += 1
         self._record_customer(first)
         return Reset((EnvMessage("system", system_prompt(self.policy)), EnvMessage("user", first.text, reaction=first.label)),
-                     tools=tool_schemas(), info={"task_id": task_id})
+                     tools=self.domain.tool_schemas(), info={"task_id": task_id})
 
     def _record_customer(self, turn: CustomerTurn) -> None:
         self.messages.append({"role": "user", "content": turn.text, "reaction": turn.label})
@@ -174,7 +178,7 @@ class Tau2RetailEnv(Environment):
         if self._ending is not None:
             return await self._finish(*self._ending)
         if self.task is None or self.termination is not None:
-            raise RuntimeError("Tau2RetailEnv.step: no episode in progress; expected reset() first")
+            raise RuntimeError("Tau2Env.step: no episode in progress; expected reset() first")
         calls = [{"name": c.name, "arguments": c.arguments} for c in message.tool_calls]
         agent = {"role": "assistant", "content": message.content or None, "tool_calls": calls}
         if message.tool_calls or message.call_errors:  # no await before the commit: never half done
@@ -182,7 +186,7 @@ class Tau2RetailEnv(Environment):
             self.messages.append(agent)
             out = []
             for call in message.tool_calls:
-                res = execute(self.db, call.name, call.arguments)
+                res = self.domain.execute(self.db, call.name, call.arguments)
                 self.calls.append({"name": call.name, "arguments": call.arguments, "error": res.error,
                                    "content": res.content})
                 out.append(EnvMessage("tool", res.content, tool_call_id=f"call_{len(self.calls) - 1}", name=call.name))
@@ -266,5 +270,5 @@ class Tau2RetailEnv(Environment):
             self.db = {}
 
 
-__all__ = ["AGENT_INSTRUCTION", "EpisodeLimits", "Tau2RetailEnv", "llm_customers", "scripted_customers",
+__all__ = ["AGENT_INSTRUCTION", "EpisodeLimits", "Tau2Env", "llm_customers", "scripted_customers",
            "system_prompt"]

@@ -1,14 +1,4 @@
-"""tau2 retail customers: an LLM customer over HTTP and a deterministic scripted stand-in.
-
-Both play the customer of one task, see only the agent's text messages (never its tool calls or
-tool results), speak first after the agent's fixed greeting, and return with every message a
-private reaction label (a Faca strategy label, `jaxagent.credit.reaction.DEFAULT_POLARITY`) and,
-when they end the episode, the tau2 stop token they used: ``###STOP###`` (goal reached, or given
-up), ``###TRANSFER###`` (handed to a human) or ``###OUT-OF-SCOPE###``.
-
-**LLMCustomer** sends tau2's kind of prompt (role-play guidelines, then the task's ``<scenario>``
-block, `tasks.render_scenario`) to an OpenAI-compatible server through `LLMUserClient`, asking for
-``{"utterance", "strategy"}`` JSON so each message carries its label.
+"""The scripted customer of tau2 retail.
 
 **ScriptedCustomer** is driven by the task data alone, for offline training and tests. It is a
 deterministic stand-in, not a claim of realism. What it does:
@@ -40,74 +30,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
-from jaxagent.envs.user_prompt import DEFAULT_SYSTEM_PROMPT
-from jaxagent.envs.tau2_retail.scoring import communicate_reward
-from jaxagent.envs.tau2_retail.tasks import Task, render_scenario
+from jaxagent.envs.tau2.customer import STOP, TRANSFER, CustomerTurn, EpisodeView
+from jaxagent.envs.tau2.scoring import communicate_reward
+from jaxagent.envs.tau2.tasks import Task
 
-STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
-STOP_TOKENS = (STOP, TRANSFER, OUT_OF_SCOPE)
-GREETING = "Hi! How can I help you today?"
 AUTH_TOOLS = ("find_user_id_by_email", "find_user_id_by_name_zip")
 
-CUSTOMER_PROMPT = """\
-You are playing the role of a customer contacting a customer-service agent. Behave like a real
-customer: write one message at a time, in your own words, and keep it short.
 
-Rules:
-- Follow the scenario below strictly. Do not invent information the scenario does not give; what
-  it does not state, you do not know.
-- Paraphrase the instructions rather than reciting them; reveal a piece of information only when
-  the agent asks for it or needs it.
-- Keep going until your goal is met. When it is, your message is exactly ###STOP###.
-- If you are transferred to another agent (a human), your message is exactly ###TRANSFER###.
-- If the scenario gives you no basis to continue, your message is exactly ###OUT-OF-SCOPE###.
-
-{scenario}
-
-Answer with one JSON object and nothing else:
-{{"utterance": "<your message to the agent>", "strategy": "<one label for how you react, one of: \
-provide_info, confirm, approve, accept, be_vague, clarify_request, correct, reject, challenge, complain>"}}"""
-
-
-@dataclasses.dataclass(frozen=True)
-class CustomerTurn:
-    """One customer message: its ``text`` (stop tokens included, as tau2 keeps them), its private
-    reaction ``label`` and the stop token that ends the episode (None: it goes on)."""
-
-    text: str
-    label: str | None
-    stop: str | None = None
-
-
-class EpisodeView(Protocol):
-    """What the environment lets a scripted customer check (the LLM customer uses none of it)."""
-
-    task: Task
-
-    def goal_db_reached(self) -> bool: ...
-
-    def unexpected_writes(self) -> list[tuple[str, Mapping[str, Any]]]: ...
-
-    def pending_writes(self) -> list[Any]: ...
-
-    def successful_calls(self) -> list[tuple[str, Mapping[str, Any]]]: ...
-
-    def assistant_texts(self) -> list[str]: ...
-
-
-class Customer(Protocol):
-    async def opening(self) -> CustomerTurn: ...
-
-    async def respond(self, agent_text: str) -> CustomerTurn: ...
-
-    async def aclose(self) -> None: ...
-
-
-# ----------------------------------------------------------------------------- scripted
 _SWAPS = [(r"\bYou are\b", "I am"), (r"\byou are\b", "I am"), (r"\bYou're\b", "I'm"), (r"\byou're\b", "I'm"),
           (r"\bYou've\b", "I've"), (r"\byou've\b", "I've"), (r"\bYou'd\b", "I'd"), (r"\byou'd\b", "I'd"),
           (r"\bYou'll\b", "I'll"), (r"\byou'll\b", "I'll"), (r"\bYour\b", "My"), (r"\byour\b", "my"),
@@ -286,70 +218,4 @@ class ScriptedCustomer:
         return None
 
 
-# ----------------------------------------------------------------------------- LLM
-def customer_config(config: LLMUserConfig) -> LLMUserConfig:
-    """``config`` with the tau2 stop tokens, and the tau2 customer prompt unless it sets its own."""
-    prompt = CUSTOMER_PROMPT if config.system_prompt == DEFAULT_SYSTEM_PROMPT else config.system_prompt
-    return dataclasses.replace(config, system_prompt=prompt, stop_markers=STOP_TOKENS, opening_message=GREETING)
-
-
-class LLMCustomer:
-    """The task's customer played by an OpenAI-compatible model (see the module docstring). The
-    client may be shared by many episodes (it bounds its own concurrency); it must have been built
-    from `customer_config` (the tau2 stop tokens)."""
-
-    def __init__(self, client: LLMUserClient, task: Task):
-        missing = [t for t in STOP_TOKENS if t not in client.config.stop_markers]
-        if missing:
-            raise ValueError(f"LLMCustomer: the client's stop_markers lack {missing}; expected a client built "
-                             "from customer_config(config)")
-        self.client, self.task = client, task
-        self.profile = {"scenario": render_scenario(task)}
-        self.conversation: list[dict[str, Any]] = []
-        self.retries = 0
-
-    async def _turn(self) -> CustomerTurn:
-        reply = await self.client.respond(self.conversation, self.profile)
-        self.retries += reply.attempts - 1
-        stop = next((t for t in STOP_TOKENS if t in reply.raw), None)
-        text = (reply.utterance + " " + stop).strip() if stop else reply.utterance
-        self.conversation.append({"role": "user", "content": reply.utterance, "strategy": reply.strategy})
-        return CustomerTurn(text, reply.strategy, stop)
-
-    async def opening(self) -> CustomerTurn:
-        return await self._turn()
-
-    async def respond(self, agent_text: str) -> CustomerTurn:
-        self.conversation.append({"role": "assistant", "content": agent_text})
-        try:
-            return await self._turn()
-        except BaseException:  # failed or cancelled: the caller may retry with the same text
-            self.conversation.pop()
-            raise
-
-    async def aclose(self) -> None:
-        return None  # the shared client is closed by its owner
-
-
-CustomerFactory = Callable[[Task, EpisodeView], Customer]
-
-__all__ = [
-    "AUTH_TOOLS",
-    "CUSTOMER_PROMPT",
-    "GREETING",
-    "OUT_OF_SCOPE",
-    "STOP",
-    "STOP_TOKENS",
-    "TRANSFER",
-    "Customer",
-    "CustomerFactory",
-    "CustomerTurn",
-    "EpisodeView",
-    "Identity",
-    "LLMCustomer",
-    "ScriptedCustomer",
-    "customer_config",
-    "first_person",
-    "identity_of",
-    "names_every_value",
-]
+__all__ = ["AUTH_TOOLS", "Identity", "ScriptedCustomer", "first_person", "identity_of", "names_every_value"]

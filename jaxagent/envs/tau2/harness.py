@@ -1,4 +1,4 @@
-"""The tau2 retail evaluation harness: environments from config, host agents, per-task results.
+"""The tau2 evaluation harness: environments from config, host agents, per-task results.
 
     python -m jaxagent.launch job=eval env=tau2_retail agent=oracle                 # the gold-action oracle
     python -m jaxagent.launch job=eval env=tau2_retail agent=endpoint \\
@@ -7,7 +7,7 @@
         rollout.tool_schemas_in_prompt=true rollout.capacity=16384 rollout.max_tokens=16384 \
         rollout.max_turns=60 rollout.max_new_tokens=512                            # a local checkpoint
 
-`Tau2EnvFactory` builds one `Tau2RetailEnv` per episode from the ``env.tau2`` section (customer,
+`Tau2EnvFactory` builds one `Tau2Env` per episode from the ``env.tau2`` section (domain, customer,
 scoring mode, judge, limits) and keeps them, so that after a run `Tau2EnvFactory.drain` gives every
 episode's report (task, seed, termination, score components, transcript). A local model plays
 through the rollout loop like any environment (`jaxagent.jobs`); host agents (``oracle``,
@@ -28,24 +28,24 @@ from pathlib import Path
 from typing import Any
 
 from jaxagent.envs.base import EnvFactory
-from jaxagent.envs.tau2_retail.env import EpisodeLimits, Tau2RetailEnv, llm_customers, scripted_customers
-from jaxagent.envs.tau2_retail.tasks import load_task_set, select_tasks
+from jaxagent.envs.tau2.env import EpisodeLimits, Tau2Env, llm_customers, scripted_customers
+from jaxagent.envs.tau2.tasks import load_task_set, select_tasks
 
 SCORING_NOTE = {"offline": "offline: DB x COMMUNICATE (classic tau-bench scoring; not tau2's DB x NL_ASSERTION)",
                 "tau2": "tau2: each task's reward basis, NL assertions by an LLM judge"}
 
 
 class Tau2EnvFactory(EnvFactory):
-    """Builds a `Tau2RetailEnv` per call from an ``env.tau2`` section (`jaxagent.jobs.config.Tau2Section`)
+    """Builds a `Tau2Env` per call from an ``env.tau2`` section (`jaxagent.jobs.config.Tau2Section`)
     and, while recording (the default), remembers it (`drain`). HTTP clients (customer, judge) are
     made once and shared."""
 
     def __init__(self, section):
         from jaxagent.envs.llm_user import LLMUserClient
-        from jaxagent.envs.tau2_retail.customer import customer_config
+        from jaxagent.envs.tau2.customer import customer_config
 
         self.section = section
-        self.tasks = load_task_set(section.data_dir, section.split)
+        self.tasks = load_task_set(section.data_dir, section.split, domain=section.domain)
         self.task_ids = select_tasks(self.tasks, section.tasks)
         self.customer_client = (LLMUserClient(customer_config(section.customer_llm))
                                 if section.customer == "llm" else None)
@@ -57,12 +57,12 @@ class Tau2EnvFactory(EnvFactory):
         self.customers = (llm_customers(self.customer_client) if self.customer_client is not None
                           else scripted_customers())
         self.limits = EpisodeLimits(section.max_steps, section.max_errors)
-        self.envs: list[Tau2RetailEnv] = []
+        self.envs: list[Tau2Env] = []
         self.recording = True  # False: environments are not kept (RL rollouts: nothing to report)
 
-    def __call__(self) -> Tau2RetailEnv:
-        env = Tau2RetailEnv(self.tasks, customer=self.customers, data_dir=self.section.data_dir,
-                            scoring_mode=self.section.scoring, limits=self.limits, judge=self.judge)
+    def __call__(self) -> Tau2Env:
+        env = Tau2Env(self.tasks, customer=self.customers, data_dir=self.section.data_dir, domain=self.section.domain,
+                      scoring_mode=self.section.scoring, limits=self.limits, judge=self.judge)
         if self.recording:
             self.envs.append(env)
         return env
@@ -143,7 +143,7 @@ async def evaluate_host(factory: Tau2EnvFactory, make_agent, *, k: int, concurre
     seed)`` (``env``: the episode's environment); episodes whose simulator or agent endpoint fails
     after its retries are reported as ``simulator_failure`` (reward 0) and the rest go on.
     ``on_report(agent, report)``, when given, may add the agent's side to each report."""
-    from jaxagent.envs.tau2_retail.agents import play
+    from jaxagent.envs.tau2.agents import play
 
     sem = asyncio.Semaphore(concurrency)
 

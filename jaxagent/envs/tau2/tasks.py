@@ -1,10 +1,10 @@
-"""tau2-bench retail tasks: parsed, validated and rendered (behaviour of tau2-bench at commit a2c0247).
+"""tau2-bench tasks: parsed, validated and rendered (behaviour of tau2-bench at commit a2c0247).
 
 A task carries the customer's scenario (``user_scenario.instructions``: reason for call, known and
 unknown info, task instructions), the gold actions the evaluator replays, the strings the agent
 must communicate, the natural-language assertions for an LLM judge, and the reward basis (which
-components gate the reward). `load_task_set` reads ``tasks_train.json`` from the data directory
-(default: the packaged copy) and checks every field it uses; a malformed file fails with an error
+components gate the reward). `load_task_set` reads a domain's split file (``tasks_train.json``)
+from the data directory (default: the domain's packaged copy) and checks every field it uses; a malformed file fails with an error
 that names the task, the field, the value and what was expected.
 """
 
@@ -17,12 +17,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxagent.envs.tau2_retail.db import DEFAULT_DATA_DIR
-from jaxagent.envs.tau2_retail.tools import WRITE_TOOLS
+from jaxagent.envs.tau2 import DEFAULT_DOMAIN, get_domain
 
 REWARD_COMPONENTS = ("DB", "NL_ASSERTION", "COMMUNICATE", "ACTION", "ENV_ASSERTION")
 INSTRUCTION_FIELDS = ("domain", "reason_for_call", "known_info", "unknown_info", "task_instructions")
-TASK_FILES = {"train": "tasks_train.json"}
 
 
 class TaskError(ValueError):
@@ -50,10 +48,12 @@ class Task:
     nl_assertions: tuple[str, ...]
     reward_basis: tuple[str, ...]
     initial_state: Mapping[str, Any] | None = None
+    domain: str = DEFAULT_DOMAIN  # the domain whose task file it came from
 
     @property
     def write_actions(self) -> tuple[Action, ...]:
-        return tuple(a for a in self.actions if a.name in WRITE_TOOLS)
+        writes = get_domain(self.domain).write_tools
+        return tuple(a for a in self.actions if a.name in writes)
 
 
 def _where(i: int, tid: Any, field: str) -> str:
@@ -68,8 +68,8 @@ def _str_list(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def parse_task(raw: Mapping[str, Any], i: int = 0) -> Task:
-    """One task dict of ``tasks_*.json`` -> `Task` (raises `TaskError` naming the bad field)."""
+def parse_task(raw: Mapping[str, Any], i: int = 0, domain: str = DEFAULT_DOMAIN) -> Task:
+    """One task dict of ``tasks_*.json`` of ``domain`` -> `Task` (raises `TaskError` naming the bad field)."""
     if not isinstance(raw, Mapping):
         raise TaskError(f"task[{i}]={type(raw).__name__}: expected a JSON object")
     tid = raw.get("id")
@@ -114,26 +114,29 @@ def parse_task(raw: Mapping[str, Any], i: int = 0) -> Task:
                 communicate_info=_str_list(crit.get("communicate_info"),
                                            _where(i, tid, "evaluation_criteria.communicate_info")),
                 nl_assertions=_str_list(crit.get("nl_assertions"), _where(i, tid, "evaluation_criteria.nl_assertions")),
-                reward_basis=basis, initial_state=init)
+                reward_basis=basis, initial_state=init, domain=domain)
 
 
-_CACHE: dict[tuple[str, str], dict[str, Task]] = {}
+_CACHE: dict[tuple[str, str, str], dict[str, Task]] = {}
 
 
-def load_task_set(data_dir: str | Path | None = None, split: str = "train") -> dict[str, Task]:
-    """``{task id: Task}`` in file order for ``split`` (only ``train`` ships with the package)."""
-    if split not in TASK_FILES:
-        raise TaskError(f"split={split!r}: expected one of {', '.join(TASK_FILES)}")
-    path = Path(data_dir or DEFAULT_DATA_DIR) / TASK_FILES[split]
-    key = (str(path.resolve()), split)
+def load_task_set(data_dir: str | Path | None = None, split: str = "train", *,
+                  domain: str = DEFAULT_DOMAIN) -> dict[str, Task]:
+    """``{task id: Task}`` in file order for ``domain``'s ``split`` (its ``task_files``; only
+    ``train`` ships with the package), from ``data_dir`` (default: the domain's packaged data)."""
+    d = get_domain(domain)
+    if split not in d.task_files:
+        raise TaskError(f"split={split!r}: expected one of {', '.join(d.task_files)}")
+    path = Path(data_dir or d.data_dir) / d.task_files[split]
+    key = (str(path.resolve()), split, domain)
     if key not in _CACHE:
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no tau2 retail task file (env.tau2.data_dir={str(data_dir)!r}; "
-                                    f"expected a directory holding {TASK_FILES[split]})")
+            raise FileNotFoundError(f"{path}: no tau2 {domain} task file (env.tau2.data_dir={str(data_dir)!r}; "
+                                    f"expected a directory holding {d.task_files[split]})")
         raw = json.loads(path.read_text())
         if not isinstance(raw, list):
             raise TaskError(f"{path}: top level is {type(raw).__name__}; expected a list of tasks")
-        tasks = [parse_task(t, i) for i, t in enumerate(raw)]
+        tasks = [parse_task(t, i, domain) for i, t in enumerate(raw)]
         ids = [t.id for t in tasks]
         dup = sorted({x for x in ids if ids.count(x) > 1})
         if dup:
@@ -187,7 +190,6 @@ def render_scenario(task: Task) -> str:
 __all__ = [
     "INSTRUCTION_FIELDS",
     "REWARD_COMPONENTS",
-    "TASK_FILES",
     "Action",
     "Task",
     "TaskError",

@@ -21,20 +21,19 @@ formatting; :func:`tool_schemas` gives the OpenAI function schemas shown to the 
 byte for byte, from the packaged ``tool_schemas.json`` (checked against the methods on first use).
 """
 
+
 from __future__ import annotations
 
-import ast
 import functools
-import inspect
 import json
-import operator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CALCULATE_MAX_INT_BITS", "CANCEL_REASONS", "GENERIC_TOOLS", "READ_TOOLS", "TOOL_NAMES", "WRITE_TOOLS",
-           "TOOL_SCHEMAS_FILE", "RetailTools", "ToolError", "ToolResult", "check_tool_schemas", "execute",
-           "render", "tool_schemas"]
+from jaxagent.envs.tau2.domains.retail.db import DEFAULT_DATA_DIR
+from jaxagent.envs.tau2.tools import ToolError, ToolResult, calculate, check_schemas, run_tool
+
+__all__ = ["CANCEL_REASONS", "GENERIC_TOOLS", "READ_TOOLS", "TOOL_NAMES", "WRITE_TOOLS", "TOOL_SCHEMAS_FILE",
+           "RetailTools", "check_tool_schemas", "execute", "tool_schemas"]
 
 CANCEL_REASONS: tuple[str, ...] = ("no longer needed", "ordered by mistake")
 WRITE_TOOLS: frozenset[str] = frozenset({
@@ -49,151 +48,7 @@ GENERIC_TOOLS: frozenset[str] = frozenset({"calculate", "transfer_to_human_agent
 TOOL_NAMES: tuple[str, ...] = tuple(sorted(WRITE_TOOLS | READ_TOOLS | GENERIC_TOOLS))
 """All 16 tool names, sorted."""
 
-CALCULATE_CHARS = "0123456789+-*/(). "
-CALCULATE_MAX_INT_BITS = 100_000
-"""``calculate`` refuses an integer product or power that would exceed this many bits (tau2's bare
-``eval`` would hang on ``9**9**9``; no float can hold more than ~1024 bits anyway)."""
-
 ADDRESS_FIELDS: tuple[str, ...] = ("address1", "address2", "city", "country", "state", "zip")
-
-
-class ToolError(ValueError):
-    """A tool's refusal; ``str(exc)`` is tau2's exact message (tau2 raises ``ValueError``)."""
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """One tool message: ``content`` as the agent sees it, ``error`` true when the call failed."""
-    content: str
-    error: bool
-
-
-# --------------------------------------------------------------------------------------------------
-# calculate: tau2 evaluates the whitelisted text with eval(); here the same Python semantics come from
-# walking the AST with the same operators, so values and error texts match without running eval.
-
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_UNARYOPS = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-
-
-class _Star:
-    """A ``*value`` call argument, evaluated."""
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-def _guard_size(op: type, left: Any, right: Any) -> None:
-    if type(left) is not int or type(right) is not int:
-        return
-    if op is ast.Pow:
-        too_big = right > 0 and abs(left) > 1 and (abs(left).bit_length() - 1) * right > CALCULATE_MAX_INT_BITS
-    else:
-        too_big = op is ast.Mult and left.bit_length() + right.bit_length() > CALCULATE_MAX_INT_BITS + 1
-    if too_big:
-        raise ToolError(f"Result too large to calculate: an integer of more than {CALCULATE_MAX_INT_BITS} bits")
-
-
-def _evaluate(expression: str) -> Any:
-    """Python's value of an arithmetic expression made of ``CALCULATE_CHARS``, with Python's errors.
-
-    Parsed by :func:`ast.parse` (syntax errors carry the same ``(<string>, line 1)`` text as
-    ``eval``), then evaluated iteratively (deep ``1+1+...`` chains work as in ``eval``). Only the
-    node types these characters can form are accepted: numbers, ``...``, ``()``, unary +/-, the
-    seven binary operators and calls (which always fail, as nothing callable exists).
-    """
-    if not isinstance(expression, str):
-        raise TypeError("eval() arg 1 must be a string, bytes or code object")
-    tree = ast.parse(expression.lstrip(" \t"), filename="<string>", mode="eval")
-    values: list[Any] = []
-    # (node, expanded, immediate_star): immediate_star marks a *arg that Python checks on the spot.
-    stack: list[tuple[ast.AST, bool, bool]] = [(tree.body, False, False)]
-    while stack:
-        node, expanded, immediate_star = stack.pop()
-        kind = type(node)
-        if kind is ast.Constant:
-            if not (type(node.value) in (int, float) or node.value is Ellipsis):
-                raise ToolError(f"Unsupported constant in expression: {node.value!r}")
-            values.append(node.value)
-        elif kind is ast.Tuple:
-            if not expanded:
-                if any(isinstance(e, ast.Starred) for e in node.elts):
-                    raise ToolError("Unsupported expression")
-                stack.append((node, True, False))
-                stack.extend((e, False, False) for e in reversed(node.elts))
-            else:
-                n = len(node.elts)
-                items = tuple(values[len(values) - n:]) if n else ()
-                del values[len(values) - n:]
-                values.append(items)
-        elif kind is ast.UnaryOp and type(node.op) in _UNARYOPS:
-            if not expanded:
-                stack.append((node, True, False))
-                stack.append((node.operand, False, False))
-            else:
-                values.append(_UNARYOPS[type(node.op)](values.pop()))
-        elif kind is ast.BinOp and type(node.op) in _BINOPS:
-            if not expanded:
-                stack.append((node, True, False))
-                stack.append((node.right, False, False))
-                stack.append((node.left, False, False))
-            else:
-                right = values.pop()
-                left = values.pop()
-                _guard_size(type(node.op), left, right)
-                values.append(_BINOPS[type(node.op)](left, right))
-        elif kind is ast.Starred:
-            if not expanded:
-                stack.append((node, True, immediate_star))
-                stack.append((node.value, False, False))
-            else:
-                value = values.pop()
-                if immediate_star and not isinstance(value, tuple):
-                    raise TypeError(f"Value after * must be an iterable, not {type(value).__name__}")
-                values.append(_Star(value))
-        elif kind is ast.Call:
-            if any(k.arg is not None for k in node.keywords):
-                raise ToolError("Unsupported expression")
-            has_double_star = bool(node.keywords)
-            lone_star = len(node.args) == 1 and isinstance(node.args[0], ast.Starred)
-            if not expanded:
-                immediate = not has_double_star and not lone_star
-                stack.append((node, True, False))
-                stack.extend((k.value, False, False) for k in reversed(node.keywords))
-                stack.extend((a, False, immediate) for a in reversed(node.args))
-                stack.append((node.func, False, False))
-            else:
-                n = len(node.args) + len(node.keywords)
-                operands = values[len(values) - n:] if n else []
-                del values[len(values) - n:]
-                func = values.pop()
-                args, kwargs = operands[:len(node.args)], operands[len(node.args):]
-                if kwargs:   # nothing these characters can build is a mapping
-                    raise TypeError(f"{func} argument after ** must be a mapping, not {type(kwargs[0]).__name__}")
-                for arg in args:
-                    if isinstance(arg, _Star) and not isinstance(arg.value, tuple):
-                        raise TypeError(f"{func} argument after * must be an iterable, "
-                                        f"not {type(arg.value).__name__}")
-                raise TypeError(f"'{type(func).__name__}' object is not callable")
-        else:
-            raise ToolError(f"Unsupported expression element: {kind.__name__}")
-    return values.pop()
-
-
-# --------------------------------------------------------------------------------------------------
-# rendering
-
-def render(value: Any) -> str:
-    """Tool-message content of a successful result: a string unchanged, anything else as one-line JSON.
-
-    Records keep their stored (canonical) field order, nulls included; separators ``", "`` and
-    ``": "``; non-ASCII escaped; floats in repr form.
-    """
-    if isinstance(value, str):
-        return value
-    return json.dumps(value)
 
 
 def _validate_address(**fields: Any) -> dict[str, str]:
@@ -262,9 +117,7 @@ class RetailTools:
 
     def calculate(self, expression: str) -> str:
         """Evaluate an arithmetic expression; the value rounded to 2 decimals, as text."""
-        if not all(char in CALCULATE_CHARS for char in expression):
-            raise ToolError("Invalid characters in expression")
-        return str(round(float(_evaluate(expression)), 2))
+        return calculate(expression)
 
     def transfer_to_human_agents(self, summary: str) -> str:
         """Hand the conversation to a human; changes nothing and does not end the episode."""
@@ -477,66 +330,23 @@ class RetailTools:
 # calling a tool
 
 def execute(db: dict, name: str, arguments: Any) -> ToolResult:
-    """Run one tool call against ``db`` (mutated in place by write tools); never raises.
-
-    Unknown name -> ``Error: Tool '<name>' not found.``; arguments that are not an object -> an error
-    saying so; any exception of the call (tau2's messages, Python's argument errors, ...) ->
-    ``"Error: " + str(exc)``; otherwise the rendered result with ``error=False``.
-    """
-    if not isinstance(name, str) or name not in TOOL_NAMES:
-        return ToolResult(f"Error: Tool '{name}' not found.", True)
-    if not isinstance(arguments, dict):
-        return ToolResult(f"Error: the arguments of {name} must be a JSON object mapping parameter names "
-                          f"to values, got {type(arguments).__name__} {arguments!r:.80}", True)
-    try:
-        result = getattr(RetailTools(db), name)(**arguments)
-    except Exception as exc:   # noqa: BLE001 — every failure becomes a tool message, as in tau2
-        return ToolResult("Error: " + str(exc), True)
-    return ToolResult(render(result), False)
+    """Run one retail tool call against ``db`` (mutated in place by write tools); never raises
+    (`jaxagent.envs.tau2.tools.run_tool`)."""
+    return run_tool(RetailTools(db), TOOL_NAMES, name, arguments)
 
 
 # --------------------------------------------------------------------------------------------------
 # schemas shown to the agent: tau2's own, from the packaged file
 
-TOOL_SCHEMAS_FILE: Path = Path(__file__).resolve().parents[2] / "data" / "tau2_retail" / "tool_schemas.json"
+TOOL_SCHEMAS_FILE: Path = DEFAULT_DATA_DIR / "tool_schemas.json"
 """tau2's 16 OpenAI function schemas as its own code generates them (``{"source": ..., "tools": [...]}``,
 MIT, Sierra Research); :func:`tool_schemas` serves its ``tools`` list unchanged."""
 
-_PARAM_TYPES: dict[str, dict[str, Any]] = {"str": {"type": "string"},
-                                           "list[str]": {"type": "array", "items": {"type": "string"}}}
-"""Method annotation -> the JSON-schema type keys it must have in the file."""
-
 
 def check_tool_schemas(schemas: Any) -> None:
-    """Raise ``ValueError`` unless ``schemas`` describe exactly the implemented tools.
-
-    The names are :data:`TOOL_NAMES` (each once, any order); each tool's parameters are its
-    :class:`RetailTools` method's, in signature order, all required (tau2 omits ``required`` when
-    there is no parameter), and each parameter's ``type`` (and ``items``) fits its annotation.
-    Descriptions are not checked: they are whatever tau2 wrote.
-    """
-    if not isinstance(schemas, (list, tuple)):
-        raise ValueError(f"tool schemas: expected a list, got {type(schemas).__name__}")
-    names = [s.get("function", {}).get("name") for s in schemas]
-    if sorted(names) != list(TOOL_NAMES):
-        raise ValueError(f"tool schemas name {sorted(map(str, names))}, the implemented tools are {list(TOOL_NAMES)}")
-    for schema in schemas:
-        fn = schema["function"]
-        name, params = fn["name"], fn.get("parameters", {})
-        if schema.get("type") != "function" or params.get("type") != "object":
-            raise ValueError(f"tool schema {name}: not a function schema with an object of parameters")
-        signature = inspect.signature(getattr(RetailTools, name)).parameters
-        wanted = [p for p in signature if p != "self"]
-        props = params.get("properties", {})
-        if list(props) != wanted or params.get("required", []) != wanted:
-            raise ValueError(f"tool schema {name}: parameters {list(props)} (required "
-                             f"{params.get('required', [])}) differ from the method's {wanted}")
-        for p in wanted:
-            annotation = str(signature[p].annotation)
-            expected = _PARAM_TYPES.get(annotation)
-            if expected is None or any(props[p].get(k) != v for k, v in expected.items()):
-                raise ValueError(f"tool schema {name}: parameter {p} is {props[p].get('type')!r} "
-                                 f"(items {props[p].get('items')!r}), the method takes {annotation}")
+    """Raise ``ValueError`` unless ``schemas`` describe exactly the implemented tools
+    (`jaxagent.envs.tau2.tools.check_schemas` over :class:`RetailTools` and :data:`TOOL_NAMES`)."""
+    check_schemas(schemas, RetailTools, TOOL_NAMES)
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,4 +1,4 @@
-"""tau2-bench retail scoring (behaviour of tau2-bench at commit a2c0247; spec §4).
+"""tau2-bench scoring (behaviour of tau2-bench at commit a2c0247; the retail spec's §4).
 
 Components, each 0 or 1:
 
@@ -31,9 +31,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxagent.envs.tau2_retail.db import DEFAULT_DATA_DIR, db_hash, load_db
-from jaxagent.envs.tau2_retail.tasks import Task
-from jaxagent.envs.tau2_retail.tools import execute
+from jaxagent.envs.tau2 import get_domain
+from jaxagent.envs.tau2.db import db_hash
+from jaxagent.envs.tau2.tasks import Task
 
 SCORING_MODES = ("offline", "tau2")
 SCORED_TERMINATIONS = ("user_stop", "agent_stop")
@@ -56,7 +56,8 @@ def initial_db(task: Task, data_dir: str | Path | None = None) -> dict:
     """A fresh database for ``task``: ``db.json``, then the task's ``initial_state`` when present
     (``initialization_data.agent_data`` merged in, then ``initialization_actions`` executed in
     order; a failing action is an error naming it). No retail task at this release has one."""
-    db = load_db(data_dir)
+    domain = get_domain(task.domain)
+    db = domain.load_db(data_dir)
     init = task.initial_state
     if not init:
         return db
@@ -69,7 +70,7 @@ def initial_db(task: Task, data_dir: str | Path | None = None) -> dict:
         _merge(db, data)
     for j, act in enumerate(init.get("initialization_actions") or ()):
         name, args = act.get("func_name") or act.get("name"), act.get("arguments", {})
-        res = execute(db, name, args)
+        res = domain.execute(db, name, args)
         if res.error:
             raise InitialStateError(f"task {task.id!r}: initial_state.initialization_actions[{j}] ({name}) failed: "
                                     f"{res.content}")
@@ -80,6 +81,7 @@ def target_db(task: Task, data_dir: str | Path | None = None) -> dict:
     """The gold end state: `initial_db` with the task's gold actions executed in order, failures
     ignored (spec §4.3)."""
     db = initial_db(task, data_dir)
+    execute = get_domain(task.domain).execute
     for a in task.actions:
         execute(db, a.name, dict(a.arguments))
     return db
@@ -103,13 +105,12 @@ def replay_db(task: Task, calls: Sequence[Mapping[str, Any]], data_dir: str | Pa
     mutating tool re-executed in order (unknown tools and reads skipped). Each call is a mapping
     with ``name``, ``arguments`` and the recorded ``content``; in ``strict`` mode an output that
     differs from the recorded one (both parsed as JSON when possible) raises `ReplayMismatch`."""
-    from jaxagent.envs.tau2_retail.tools import WRITE_TOOLS
-
+    domain = get_domain(task.domain)
     db = initial_db(task, data_dir)
     for i, c in enumerate(calls):
-        if c["name"] not in WRITE_TOOLS:
+        if c["name"] not in domain.write_tools:
             continue
-        res = execute(db, c["name"], c["arguments"])
+        res = domain.execute(db, c["name"], c["arguments"])
         if strict and "content" in c and _parsed(res.content) != _parsed(c["content"]):
             raise ReplayMismatch(f"task {task.id!r}: call {i} ({c['name']}) re-executed to {res.content[:200]!r}; "
                                  f"the episode recorded {str(c['content'])[:200]!r}")
@@ -122,7 +123,7 @@ _TARGET_HASHES: dict[tuple[str, str, str], str] = {}
 def target_hash(task: Task, data_dir: str | Path | None = None) -> str:
     """`db_hash` of `target_db`, cached per (data directory, task id, gold actions, initial state)."""
     what = json.dumps([[a.name, a.arguments] for a in task.actions] + [task.initial_state], sort_keys=True)
-    key = (str(Path(data_dir or DEFAULT_DATA_DIR).resolve()), task.id, what)
+    key = (str(Path(data_dir or get_domain(task.domain).data_dir).resolve()), task.id, what)
     if key not in _TARGET_HASHES:
         _TARGET_HASHES[key] = db_hash(target_db(task, data_dir))
     return _TARGET_HASHES[key]

@@ -1,10 +1,10 @@
-"""The tau2-bench retail database: loading, canonical form and hash (host code, no jax).
+"""The tau2-bench retail database: loading and canonical form (host code, no jax).
 
 Behaviour follows tau2-bench (``sierra-research/tau2-bench``) at commit ``a2c0247``, as written
 down in the project's retail specification (sections 1 and 4.2). The database is kept as nested
 plain dicts and lists — exactly the JSON objects of ``db.json`` — so that the tools
-(:mod:`jaxagent.envs.tau2_retail.tools`) mutate it in place and :func:`db_hash` reproduces tau2's
-hash byte for byte:
+(`jaxagent.envs.tau2.domains.retail.tools`) mutate it in place and `jaxagent.envs.tau2.db.db_hash`
+reproduces tau2's hash byte for byte:
 
 * three tables, ``products`` / ``users`` / ``orders``, each a map id -> record, in file order (user
   searches and item lookups scan in that order; rendering keeps it);
@@ -24,25 +24,21 @@ comes from the package: it describes the implemented tools, see :mod:`.tools`.)
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import pickle
-import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DB_FILE", "DEFAULT_DATA_DIR", "ORDER_FIELDS", "ORDER_OPTIONAL_FIELDS", "ORDER_REQUIRED_FIELDS",
-           "ORDER_STATUSES", "POLICY_FILE", "TABLES", "TASKS_FILE", "canonicalize_db", "db_hash", "load_db",
-           "load_policy", "load_tasks"]
+from jaxagent.envs.tau2.db import data_file, load_canonical, read_task_file
 
-DEFAULT_DATA_DIR: Path = Path(__file__).resolve().parents[2] / "data" / "tau2_retail"
+__all__ = ["DB_FILE", "DEFAULT_DATA_DIR", "ORDER_FIELDS", "ORDER_OPTIONAL_FIELDS", "ORDER_REQUIRED_FIELDS",
+           "ORDER_STATUSES", "POLICY_FILE", "TABLES", "TASKS_FILE", "canonicalize_db", "load_db", "load_policy",
+           "load_tasks"]
+
+DEFAULT_DATA_DIR: Path = Path(__file__).resolve().parents[4] / "data" / "tau2_retail"
 """The packaged copy of tau2's retail data (``jaxagent/data/tau2_retail``)."""
 
 DB_FILE = "db.json"
 POLICY_FILE = "policy.md"
 TASKS_FILE = "tasks_train.json"
-CONFIG_KEY = "env.tau2.data_dir"
 
 TABLES: tuple[str, ...] = ("products", "users", "orders")
 """The top-level keys of the database, in file order; no others are accepted."""
@@ -59,21 +55,6 @@ ORDER_FIELDS: tuple[str, ...] = ORDER_REQUIRED_FIELDS + ORDER_OPTIONAL_FIELDS
 ORDER_STATUSES: tuple[str, ...] = (
     "pending", "processed", "delivered", "cancelled", "pending (item modified)", "exchange requested",
     "return requested")
-
-# resolved path -> ((size, mtime_ns), pickled canonical db)
-_CACHE: dict[str, tuple[tuple[int, int], bytes]] = {}
-_CACHE_LOCK = threading.Lock()
-
-
-def _data_path(data_dir: str | Path | None, name: str) -> Path:
-    base = DEFAULT_DATA_DIR if data_dir is None else Path(data_dir)
-    path = base / name
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"tau2 retail data file not found: {path} (set the config key {CONFIG_KEY} to the folder "
-            f"holding {DB_FILE}, {POLICY_FILE} and {TASKS_FILE}; the packaged copy is {DEFAULT_DATA_DIR})")
-    return path
-
 
 def _describe(value: Any) -> str:
     text = repr(value)
@@ -119,24 +100,8 @@ def canonicalize_db(raw: Any, source: str = "db") -> dict:
     return {"products": raw["products"], "users": raw["users"], "orders": orders}
 
 
-def _cached_pickle(data_dir: str | Path | None) -> bytes:
-    path = _data_path(data_dir, DB_FILE)
-    stat = path.stat()
-    stamp = (stat.st_size, stat.st_mtime_ns)
-    key = os.fspath(path.resolve())
-    with _CACHE_LOCK:
-        hit = _CACHE.get(key)
-    if hit is not None and hit[0] == stamp:
-        return hit[1]
-    with open(path, encoding="utf-8") as fh:
-        try:
-            raw = json.load(fh)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
-    blob = pickle.dumps(canonicalize_db(raw, source=str(path)), protocol=pickle.HIGHEST_PROTOCOL)
-    with _CACHE_LOCK:
-        _CACHE[key] = (stamp, blob)
-    return blob
+def _file(data_dir: str | Path | None, name: str) -> Path:
+    return data_file(data_dir, DEFAULT_DATA_DIR, name, domain="retail", holds=(DB_FILE, POLICY_FILE, TASKS_FILE))
 
 
 def load_db(data_dir: str | Path | None = None) -> dict:
@@ -145,32 +110,14 @@ def load_db(data_dir: str | Path | None = None) -> dict:
     The file is parsed and validated once per path; every call returns a new deep copy (about 10 ms),
     so tools may mutate it freely.
     """
-    # Unpickling our own pickle of plain dicts/lists/str/float/bool/None builds a fully independent
-    # copy and is ~4x faster than copy.deepcopy.
-    return pickle.loads(_cached_pickle(data_dir))
-
-
-def db_hash(db: dict) -> str:
-    """tau2's database hash: sha256 hex of ``json.dumps(db, sort_keys=True)`` (defaults otherwise).
-
-    Keys are sorted at every level, lists keep their order, floats are in repr form and an integer
-    0 differs from 0.0. The unmodified packaged database hashes to
-    ``b25c9cb211f5efcaee5dd646054a73c4a9f43f4f5acc32c10713cd9f9ac20e9c``.
-    """
-    text = json.dumps(db, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return load_canonical(_file(data_dir, DB_FILE), lambda raw, source: canonicalize_db(raw, source=source))
 
 
 def load_tasks(data_dir: str | Path | None = None) -> list[dict]:
     """The raw task dicts of ``<data_dir>/tasks_train.json`` (tau2's train split, 74 tasks)."""
-    path = _data_path(data_dir, TASKS_FILE)
-    with open(path, encoding="utf-8") as fh:
-        tasks = json.load(fh)
-    if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
-        raise ValueError(f"{path}: expected a JSON list of task objects, got {type(tasks).__name__}")
-    return tasks
+    return read_task_file(_file(data_dir, TASKS_FILE))
 
 
 def load_policy(data_dir: str | Path | None = None) -> str:
     """The agent policy text ``<data_dir>/policy.md``, verbatim."""
-    return _data_path(data_dir, POLICY_FILE).read_text(encoding="utf-8")
+    return _file(data_dir, POLICY_FILE).read_text(encoding="utf-8")
