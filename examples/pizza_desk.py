@@ -15,7 +15,8 @@ docs/ENVIRONMENTS.md explains each piece:
   (a tool result and/or the customer's reply with its private reaction label), ``outcome_reward``
   and ``aclose``;
 - `PizzaSettings`, the environment's own settings (``env.options.*`` on the command line);
-- `demonstrations`, the expert's episodes for SFT;
+- `Expert` and `demonstrations`: the expert's episodes for SFT (an `Agent`, played by jaxagent's
+  episode runner as every agent is);
 - `PIZZA_DESK`, the `EnvSpec` that ``env.kind=examples.pizza_desk:PIZZA_DESK`` names.
 """
 
@@ -25,9 +26,8 @@ import dataclasses
 import hashlib
 import random
 
-from jaxagent.envs.base import (AgentMessage, CallableEnvFactory, Demo, EnvMessage, Environment, Reset, Step,
-                                agent_message_to_chat)
-from jaxagent.envs.registry import DemoRequest, EnvContext, EnvSetup, EnvSpec
+from jaxagent.envs.base import Agent, AgentMessage, CallableEnvFactory, EnvMessage, Environment, Reset, Step
+from jaxagent.envs.registry import DemoPlan, DemoRequest, EnvContext, EnvSetup, EnvSpec
 from jaxagent.text.toolcalls import ToolCall
 
 NAMES = ("ana", "ben", "carla", "dev", "eli", "fay", "gus", "hana", "ivo", "jun", "kai", "lea")
@@ -137,26 +137,28 @@ def build(ctx: EnvContext) -> EnvSetup:
                     task_ids("train", ctx.train_tasks, ctx.task_seed), task_ids("test", ctx.test_tasks, ctx.task_seed))
 
 
-def demonstrations(ctx: EnvContext, setup: EnvSetup, request: DemoRequest) -> list[Demo]:
-    """The expert on the first ``request.n`` train tasks: ask for the size, then order what the
-    customer said. Built from the environment's own messages, as an episode would show them."""
-    import asyncio
+class Expert(Agent):
+    """The demonstrations' agent: asks for the size, then orders what the customer said."""
 
-    async def one(task_id: str) -> Demo:
-        env = setup.factory()
-        reset = await env.reset(task_id, 0)
-        ask = AgentMessage("what size do you want ?")
-        reply = (await env.step(ask)).messages[-1]
-        order = AgentMessage("", (ToolCall("order_pizza", {"size": reply.content.split()[0], "topping": env.topping}),))
-        await env.step(order)
-        messages = [m.to_chat() for m in reset.messages] + [agent_message_to_chat(ask), reply.to_chat(),
-                                                            agent_message_to_chat(order)]
-        return Demo(task_id, tuple(messages), (False, False, True, False, True), env.outcome_reward(), reset.tools)
+    def start(self, task_id: str, reset: Reset, env: Environment) -> None:
+        self.topping = reset.messages[1].content.split(" want a ")[1].split()[0]  # the opening names it
+        self.size = ""
 
-    async def all_demos():
-        return [await one(t) for t in task_ids("train", request.n, ctx.task_seed)]
+    def observe(self, messages, info) -> bool:
+        self.size = messages[-1].content.split()[0]  # "<size> please ."
+        return True
 
-    return asyncio.run(all_demos())
+    async def act(self, turn: int) -> AgentMessage:
+        if turn == 0:
+            return AgentMessage("what size do you want ?")
+        return AgentMessage("", (ToolCall("order_pizza", {"size": self.size, "topping": self.topping}),))
+
+
+def demonstrations(ctx: EnvContext, setup: EnvSetup, request: DemoRequest) -> DemoPlan:
+    """The expert on the first ``request.n`` train tasks; jaxagent plays them through its episode
+    runner, so each demonstration is exactly what an episode shows the agent."""
+    return DemoPlan(make_env=setup.factory, episodes=[(t, 0) for t in task_ids("train", request.n, ctx.task_seed)],
+                    agent=lambda task_id, seed: Expert(), max_turns=2)
 
 
 PIZZA_DESK = EnvSpec(

@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jaxagent.envs.tau2.agents import OracleAgent, ScriptedAgent, broken_plans, play
+from jaxagent.envs.tau2.agents import OracleAgent, ScriptedAgent, broken_plans
+from jaxagent.rollout.runner import play
 from jaxagent.envs.tau2.env import Tau2Env, scripted_customers
 from jaxagent.envs.tau2.tasks import load_task_set
 

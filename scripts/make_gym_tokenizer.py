@@ -38,10 +38,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python scripts/make_gym_tokenizer.py`
     sys.path.insert(0, str(ROOT))
 
-from jaxagent.envs.gyms import GYMS, TOOL_SCHEMA, run_episode
+from jaxagent.envs.gyms import GYMS, TOOL_SCHEMA
 from jaxagent.envs.base import transcript_to_chat
-from jaxagent.envs.gyms.demos import expert_demos
-from jaxagent.rollout.demos import render_demo
+from jaxagent.envs.gyms.demos import expert_plan
+from jaxagent.rollout.demos import play_demos, render_demo
+from jaxagent.rollout.runner import play_policy
 from jaxagent.text.template import render_template
 from scripts.make_tokenizer_fixture import ADDED, QWEN25_TEMPLATE, SPECIAL, train_byte_level_bpe, write_fixture
 
@@ -60,11 +61,11 @@ async def _episodes() -> list[list[dict]]:
     for name in sorted(GYMS):
         spec = GYMS[name]
         for i, task in enumerate(spec.make_tasks("train", N_TASKS, CORPUS_SEED)):
-            _, transcript = await run_episode(spec.env(), spec.expert_policy, task, seed=i)
+            _, transcript = await play_policy(spec.env(), spec.expert_policy, task, seed=i)
             out.append(transcript_to_chat(transcript))
             for k in range(RANDOM_PER_TASK):
                 policy = spec.random_policy(random.Random(f"{task}|random|{k}"))
-                _, transcript = await run_episode(spec.env(), policy, task, seed=RANDOM_PER_TASK * i + k)
+                _, transcript = await play_policy(spec.env(), policy, task, seed=RANDOM_PER_TASK * i + k)
                 out.append(transcript_to_chat(transcript))
     return out
 
@@ -89,7 +90,7 @@ def expert_lengths(tokenizer_dir: Path) -> dict[str, float]:
     from jaxagent.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)
-    return {name: statistics.fmean(len(render_demo(d, tok)[0]) for d in expert_demos(name, "test", N_REPORT))
+    return {name: statistics.fmean(len(render_demo(d, tok)[0]) for d in play_demos(expert_plan(name, "test", N_REPORT)))
             for name in sorted(GYMS)}
 
 

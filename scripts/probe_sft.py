@@ -29,8 +29,8 @@ except ImportError:  # run from a checkout without an install
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from jaxagent.jobs.config import load_config
-from jaxagent.envs.gyms.demos import expert_demos
-from jaxagent.rollout.demos import render_demo
+from jaxagent.envs.gyms.demos import expert_plan
+from jaxagent.rollout.demos import play_demos, render_demo
 from jaxagent.envs.gyms.intention import DOMAINS
 from jaxagent.models import LogicalRules, make_mesh
 from jaxagent.rollout.engine import GenerationEngine
@@ -71,7 +71,8 @@ print("params", jobs.param_count(params), file=sys.stderr)
 t0 = time.perf_counter()
 data = jobs.sft_data(cfg, tok)
 held = [render_demo(d, tok, tool_schemas_in_prompt=cfg.rollout.tool_schemas_in_prompt)
-        for d in expert_demos(cfg.env.gym, "test", 48, seed=cfg.env.task_seed, noise=0.0, policy=cfg.sft.demo_policy)]
+        for d in play_demos(expert_plan(cfg.env.gym, "test", 48, seed=cfg.env.task_seed, noise=0.0,
+                                        policy=cfg.sft.demo_policy))]
 values = {v for d in DOMAINS.values() for vs in d.values() for v in vs}
 slots = {s for d in DOMAINS.values() for s in d}
 def cat(t):

@@ -41,7 +41,7 @@ from jaxagent.models import LogicalRules, make_mesh, preset  # noqa: E402
 from jaxagent.models.generate import SamplingParams  # noqa: E402
 from jaxagent.models.sharding import MeshConfig, batch_sharding, init_params_sharded, initialize_distributed  # noqa: E402
 from jaxagent.rollout.batch import Row, build_batch  # noqa: E402
-from jaxagent.rollout.loop import EpisodeConfig  # noqa: E402
+from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.rollout.trajectory import from_jsonl  # noqa: E402
 from jaxagent.text import load_tokenizer  # noqa: E402
 from jaxagent.train.checkpoint import Checkpointer  # noqa: E402

@@ -1,10 +1,11 @@
-"""`jaxagent.jobs.rl_learns` (scripts/bench_rl_learns.py): the paired figures against hand-computed cases, the per-iteration
-curves, the identical-rollouts check, and which overrides reach the warm starts and the RL runs."""
+"""`jaxagent.jobs.experiments.rl_learns` (scripts/bench_rl_learns.py): the paired figures against hand-computed
+cases, the per-iteration curves, the identical-rollouts check, and which overrides reach the warm starts and the RL
+runs."""
 
 
 import pytest
 
-from jaxagent.jobs import rl_learns as b
+from jaxagent.jobs.experiments import rl_learns as b
 
 
 def _run(after_by_task, rl=(), first=None, greedy=None):

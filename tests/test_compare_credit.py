@@ -1,4 +1,4 @@
-"""The credit comparison grid (`jaxagent.jobs.credit_grid`, run as scripts/compare_credit.py): the
+"""The credit comparison grid (`jaxagent.jobs.experiments.credit_grid`, run as scripts/compare_credit.py): the
 statistics against hand-computed cases, the figures read from a metrics file, the grid's
 overrides, skipping and failures (with a fake launcher), and one real end-to-end --quick run (SFT
 warm start -> two RL conditions from its HF export -> RESULTS.md)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxagent.jobs import credit_grid as cc
+from jaxagent.jobs.experiments import credit_grid as cc
 
 
 # ----------------------------------------------------------------------------- steps_to_threshold
@@ -247,9 +247,9 @@ def _stored(tmp_path: Path, name: str, d: dict) -> Path:
 def test_check_existing_new_keys_at_their_default_and_sft_runs_rl_sections(tmp_path):
     from jaxagent import configlib
 
-    rl = cc._plain_config(None, cc.rl_overrides([], runs_dir="R", prefix="p", gym="intention", seed=0,
-                                                condition="grpo"))
-    sft = cc._plain_config(None, cc.sft_overrides([], runs_dir="R", prefix="p", gym="intention", seed=0))
+    rl = cc.plain_config(None, cc.rl_overrides([], runs_dir="R", prefix="p", gym="intention", seed=0,
+                                               condition="grpo"))
+    sft = cc.plain_config(None, cc.sft_overrides([], runs_dir="R", prefix="p", gym="intention", seed=0))
     tmp = tmp_path
     cc.check_existing(tmp / "absent", rl)  # nothing stored: nothing to check
     cc.check_existing(_stored(tmp, "same", rl), rl)

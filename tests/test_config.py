@@ -94,9 +94,9 @@ def test_sft_optimizer_has_its_own_warmup():
 
 
 def test_quickstart_rl_is_the_benchmark_settings():
-    """The quickstart's RL phase is the bench's LEARNING (jaxagent/jobs/rl_learns.py, run as scripts/bench_rl_learns.py): every key LEARNING sets
+    """The quickstart's RL phase is the bench's LEARNING (jaxagent/jobs/experiments/rl_learns.py, run as scripts/bench_rl_learns.py): every key LEARNING sets
     has its default value (the bench's sampled evaluation and checkpoint cadence aside)."""
-    from jaxagent.jobs import rl_learns as bench_rl_learns
+    from jaxagent.jobs.experiments import rl_learns as bench_rl_learns
 
     keys = [o.split("=", 1)[0] for o in bench_rl_learns.LEARNING if not o.startswith(("eval.sampled_k", "checkpoint."))]
     assert len(keys) == len(bench_rl_learns.LEARNING) - 2

@@ -17,7 +17,7 @@ from jaxagent.envs.gyms import GYMS
 from jaxagent.models import init_params, preset
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.rollout.loop import EpisodeConfig
+from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.text import load_tokenizer
 from jaxagent.train.rl import RLSettings, RLTrainer
 from jaxagent.train.step import OptimSettings, TrainState, make_optimizer
@@ -104,7 +104,7 @@ def test_unknown_repeated_and_malformed_terms_are_refused(registered):
         parse_credit("gpro")
     with pytest.raises(ValueError, match="names a credit term twice"):
         parse_credit("faca+faca")
-    with pytest.raises(ValueError, match=r"credit: 'infopo\+nope' is not one of .*'nope' is not registered"):
+    with pytest.raises(ValueError, match=r"credit: 'infopo\+nope' is not one of .*'nope' is not a registered credit term"):
         RLSettings(credit="infopo+nope")
     with pytest.raises(ValueError, match="already registered"):
         register_credit_term(dataclasses.make_dataclass("Other", [], bases=(TurnCost,), frozen=True))

@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxagent.envs.gyms import GYMS, MAX_REWARD, TOOL_SCHEMA, run_episode
+from jaxagent.envs.gyms import GYMS, MAX_REWARD, TOOL_SCHEMA
 from jaxagent.envs.base import Demo, transcript_to_chat
-from jaxagent.envs.gyms.demos import expert_demos, expert_episode
-from jaxagent.rollout.demos import render_demo
+from jaxagent.envs.gyms.demos import expert_plan
+from jaxagent.rollout.demos import play_demos, render_demo
+from jaxagent.rollout.runner import play_policy
 from jaxagent.text.chat import ChatRenderer
 from jaxagent.text.tokenizer import load_tokenizer
 from jaxagent.text.toolcalls import ToolCall, format_tool_call, parse_assistant, tool_call_from_dict
@@ -36,12 +37,12 @@ def tok():
 
 @pytest.fixture(scope="module")
 def demos():
-    return {name: expert_demos(name, "test", N) for name in NAMES}
+    return {name: play_demos(expert_plan(name, "test", N)) for name in NAMES}
 
 
 @pytest.fixture(scope="module")
 def noisy():
-    return {name: expert_demos(name, "train", 12, seed=1, noise=0.5) for name in NAMES}
+    return {name: play_demos(expert_plan(name, "train", 12, seed=1, noise=0.5)) for name in NAMES}
 
 
 def turn_text(message) -> str:
@@ -79,7 +80,7 @@ def test_round_trips_and_expert_episode_lengths(tok, demos):
         lengths = []
         for i, (task, demo) in enumerate(zip(spec.make_tasks("test", N), demos[name])):
             # The whole transcript (the final verdict included), rendered one-shot, round-trips.
-            _, transcript = asyncio.run(run_episode(spec.env(), spec.expert_policy, task, seed=i))
+            _, transcript = asyncio.run(play_policy(spec.env(), spec.expert_policy, task, seed=i))
             text = renderer.render_text(transcript_to_chat(transcript))
             assert tok.decode(tok.encode(text)) == text, (task, text[-200:])
             # The demo rendered token-in/token-out decodes to the template's one-shot render.
@@ -139,7 +140,7 @@ def rollout_of(demo: Demo, seed: int, tok, schemas: bool = True):
     import jax
 
     from jaxagent.models.generate import SamplingParams
-    from jaxagent.rollout.loop import EpisodeConfig
+    from jaxagent.rollout.runner import EpisodeConfig
     from jaxagent.rollout.loop import run_episode as rollout_episode
 
     engine = ScriptedEngine([tok.encode(turn_text(m)) for m in demo.messages if m["role"] == "assistant"])
@@ -205,25 +206,25 @@ def test_noisy_demos_mask_out_random_turns_and_keep_the_answers(tok, noisy):
 
 def test_determinism():
     for name in NAMES:
-        a = expert_demos(name, "train", 5, seed=2, noise=0.5)
-        b = expert_demos(name, "train", 5, seed=2, noise=0.5)
+        a = play_demos(expert_plan(name, "train", 5, seed=2, noise=0.5))
+        b = play_demos(expert_plan(name, "train", 5, seed=2, noise=0.5))
         assert a == b
-        assert expert_demos(name, "train", 5, seed=2) == expert_demos(name, "train", 5, seed=2)
-        assert a != expert_demos(name, "train", 5, seed=3, noise=0.5)
-    one = asyncio.run(expert_episode("telepathy", "telepathy:train:0:0", 1, noise=0.3, rng=7))
-    assert one == asyncio.run(expert_episode("telepathy", "telepathy:train:0:0", 1, noise=0.3, rng=7))
+        assert play_demos(expert_plan(name, "train", 5, seed=2)) == play_demos(expert_plan(name, "train", 5, seed=2))
+        assert a != play_demos(expert_plan(name, "train", 5, seed=3, noise=0.5))
+    one = play_demos(expert_plan("telepathy", episodes=[("telepathy:train:0:0", 1)], noise=0.3, rng=7))[0]
+    assert one == play_demos(expert_plan("telepathy", episodes=[("telepathy:train:0:0", 1)], noise=0.3, rng=7))[0]
 
 
 def test_input_errors():
     with pytest.raises(ValueError, match="noise"):
-        expert_demos("telepathy", "train", 1, noise=1.5)
+        play_demos(expert_plan("telepathy", "train", 1, noise=1.5))
     with pytest.raises(ValueError, match="gym"):
-        expert_demos("nope", "train", 1)
+        play_demos(expert_plan("nope", "train", 1))
     with pytest.raises(ValueError, match="belongs to gym"):
-        asyncio.run(expert_episode("telepathy", "function:train:0:0"))
+        play_demos(expert_plan("telepathy", episodes=[("function:train:0:0", 0)]))
     with pytest.raises(ValueError, match="train"):
         Demo("x", ({"role": "user", "content": "hi"},), (True,), 0.0)
-    d = expert_demos("function", "train", 1)[0]
+    d = play_demos(expert_plan("function", "train", 1))[0]
     with pytest.raises(ValueError, match="one flag per message"):
         dataclasses.replace(d, train=d.train[:-1])
 

@@ -9,10 +9,11 @@ import pytest
 from jaxagent.envs.base import CallableEnvFactory, EnvFactory
 from jaxagent.envs.gyms import GYMS
 from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
-from jaxagent.envs.tau2.agents import OracleAgent, play
+from jaxagent.envs.tau2.agents import OracleAgent
 from jaxagent.envs.tau2.harness import Tau2EnvFactory
 from jaxagent.envs.user_env import LLMUserEnv, LLMUserEnvFactory
 from jaxagent.jobs.config import Tau2Section
+from jaxagent.rollout.runner import play
 
 
 def test_a_family_without_reports_or_clients():

@@ -16,6 +16,7 @@ from jaxagent import configlib
 from jaxagent.envs.base import AgentMessage
 from jaxagent.envs.registry import DemoRequest, EnvContext, resolve_env
 from jaxagent.jobs.config import env_settings, load_config
+from jaxagent.rollout.demos import play_demos
 from jaxagent.text.toolcalls import ToolCall
 
 KIND = "examples.pizza_desk:PIZZA_DESK"
@@ -75,7 +76,7 @@ def test_train_and_test_tasks_never_share_content():
 
 def test_demonstrations_reach_the_top_reward_and_train_on_the_agent_turns():
     setup = PIZZA_DESK.build(EnvContext(settings=PizzaSettings(), train_tasks=8, test_tasks=2))
-    demos = PIZZA_DESK.demonstrations(EnvContext(settings=PizzaSettings()), setup, DemoRequest(n=5))
+    demos = play_demos(PIZZA_DESK.demonstrations(EnvContext(settings=PizzaSettings()), setup, DemoRequest(n=5)))
     assert len(demos) == 5 and all(d.reward == 1.0 for d in demos)
     for d in demos:
         assert [m["role"] for m, t in zip(d.messages, d.train) if t] == ["assistant", "assistant"]

@@ -8,8 +8,8 @@ import pytest
 
 from jaxagent.credit.reaction import NEGATIVE_LABELS, POSITIVE_LABELS
 from jaxagent.envs.base import AgentMessage, EnvMessage, Environment
-from jaxagent.envs.gyms import (GYMS, LABELS, MAX_REWARD, TOOL_SCHEMA, act, answer, make_env, make_tasks,
-                                run_episode, tokenize)
+from jaxagent.envs.gyms import GYMS, LABELS, MAX_REWARD, TOOL_SCHEMA, act, answer, make_env, make_tasks, tokenize
+from jaxagent.rollout.runner import play_policy
 from jaxagent.text.toolcalls import ToolCall
 
 NAMES = sorted(GYMS)
@@ -18,7 +18,7 @@ RANDOM_MEAN_MAX = 0.35   # random policy's mean reward must stay at or below 35%
 
 
 def play(spec, policy, task_id, seed=0, **kw):
-    return asyncio.run(run_episode(spec.env(**kw), policy, task_id, seed, max_turns=40))
+    return asyncio.run(play_policy(spec.env(**kw), policy, task_id, seed, max_turns=40))
 
 
 def env_texts(transcript):
@@ -272,7 +272,6 @@ def test_intention_imitable_policy_uses_only_what_the_agent_sees():
 def test_binary_outcome_keeps_only_full_answers():
     """outcome='binary': a partly right answer scores 0 (graded: its share of the importance); a full
     answer scores MAX_REWARD either way; an unknown mode is refused naming it."""
-    from jaxagent.envs.gyms.common import run_episode
 
     task_id = GYMS["intention"].make_tasks("train", 1, seed=0)[0]
     task = GYMS["intention"].env_cls.task_for(task_id)
@@ -280,12 +279,12 @@ def test_binary_outcome_keeps_only_full_answers():
     first = sorted(imp)[0]
     partial = lambda env: answer(f"{first} {values[first]} .")  # noqa: E731
     full = lambda env: answer(" , ".join(f"{s} {values[s]}" for s in imp) + " .")  # noqa: E731
-    graded_r, _ = asyncio.run(run_episode(GYMS["intention"].env(), partial, task_id))
-    binary_r, _ = asyncio.run(run_episode(GYMS["intention"].env(outcome="binary"), partial, task_id))
+    graded_r, _ = asyncio.run(play_policy(GYMS["intention"].env(), partial, task_id))
+    binary_r, _ = asyncio.run(play_policy(GYMS["intention"].env(outcome="binary"), partial, task_id))
     assert graded_r == pytest.approx(imp[first] / sum(imp.values())) and 0 < graded_r < 1
     assert binary_r == 0.0
     for outcome in ("graded", "binary"):
         env = GYMS["intention"].env(outcome=outcome)
-        assert asyncio.run(run_episode(env, full, task_id))[0] == MAX_REWARD == env.outcome_reward()
+        assert asyncio.run(play_policy(env, full, task_id))[0] == MAX_REWARD == env.outcome_reward()
     with pytest.raises(ValueError, match="outcome='partial'"):
         GYMS["intention"].env(outcome="partial")

@@ -12,7 +12,8 @@ from jaxagent.models import init_params, preset
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout import collate
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.rollout.loop import EpisodeConfig, run_episodes
+from jaxagent.rollout.runner import EpisodeConfig
+from jaxagent.rollout.loop import run_episodes
 from jaxagent.text import load_tokenizer
 from tests.conftest import FIXTURES
 

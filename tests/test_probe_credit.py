@@ -1,9 +1,9 @@
-"""`jaxagent.jobs.probe_credit` (scripts/probe_credit.py): its figures against hand-computed cases."""
+"""`jaxagent.jobs.experiments.probe_credit` (scripts/probe_credit.py): its figures against hand-computed cases."""
 
 import numpy as np
 import pytest
 
-from jaxagent.jobs import probe_credit as pc
+from jaxagent.jobs.experiments import probe_credit as pc
 
 
 def test_episode_pushes_by_hand():

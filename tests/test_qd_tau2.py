@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
-from jaxagent.envs.tau2.agents import play
+from jaxagent.rollout.runner import play
 from jaxagent.envs.tau2.env import Tau2Env, scripted_customers
 from jaxagent.envs.tau2.scoring import initial_db
 from jaxagent.envs.tau2.db import db_hash

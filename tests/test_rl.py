@@ -11,7 +11,7 @@ from jaxagent.envs.gyms import GYMS
 from jaxagent.models import init_params, preset
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.rollout.loop import EpisodeConfig
+from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.text import load_tokenizer
 from jaxagent.rollout.metrics import episode_metrics
 from jaxagent.train.rl import RLSettings, RLTrainer

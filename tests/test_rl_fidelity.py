@@ -29,7 +29,8 @@ from jaxagent.models import init_params, preset
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout import collate
 from jaxagent.rollout.engine import EngineResult, GenerationEngine
-from jaxagent.rollout.loop import EpisodeConfig, run_episode
+from jaxagent.rollout.runner import EpisodeConfig
+from jaxagent.rollout.loop import run_episode
 from jaxagent.rollout.trajectory import Trajectory
 from jaxagent.text import load_tokenizer
 from jaxagent.jobs import tokenizer_path

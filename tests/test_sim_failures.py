@@ -22,12 +22,14 @@ from jaxagent import configlib
 from jaxagent.jobs.config import load_config
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.envs.base import AgentMessage
-from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig, SimulatorError, collect_call_stats
+from jaxagent.envs.base import collect_call_stats
+from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig, SimulatorError
 from jaxagent.envs.user_env import LLMUserEnv
 from jaxagent.models import init_params, preset
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.rollout.loop import EpisodeConfig, _call, run_episodes
+from jaxagent.rollout.loop import run_episodes
+from jaxagent.rollout.runner import EpisodeConfig, call_simulator
 from jaxagent.rollout.trajectory import Trajectory
 from jaxagent.text import load_tokenizer
 from jaxagent.rollout.metrics import episode_metrics, failure_causes
@@ -220,7 +222,7 @@ def test_llm_user_env_step_is_idempotent_under_a_loop_retry(server, fault):
             env = LLMUserEnv(client, TASKS, max_user_turns=4)
             await env.reset("t", 0)
             counters = {"simulator_errors": 0}
-            step = await _call(lambda: env.step(AgentMessage(text)), EpisodeConfig(retries=2, timeout_s=1.0), counters)
+            step = await call_simulator(lambda: env.step(AgentMessage(text)), EpisodeConfig(retries=2, timeout_s=1.0), counters)
             return env, step, counters
 
     env, step, counters = asyncio.run(main())
@@ -244,7 +246,7 @@ def test_401_and_403_are_retried_by_neither_the_client_nor_the_loop(server, code
             await env.reset("t", 0)
             counters = {"simulator_errors": 0}
             with collect_call_stats() as stats:
-                step = await _call(lambda: env.step(AgentMessage("hello")), EpisodeConfig(retries=2, timeout_s=10.0),
+                step = await call_simulator(lambda: env.step(AgentMessage("hello")), EpisodeConfig(retries=2, timeout_s=10.0),
                                    counters)
             with pytest.raises(SimulatorError) as e:
                 await client.respond([{"role": "assistant", "content": "hi"}], TASKS["t"]["profile"])
@@ -267,7 +269,7 @@ def test_a_retryable_failure_is_retried_by_both_levels(server):
             env = LLMUserEnv(client, TASKS)
             await env.reset("t", 0)
             counters = {"simulator_errors": 0}
-            step = await _call(lambda: env.step(AgentMessage("hello")), EpisodeConfig(retries=1, timeout_s=10.0),
+            step = await call_simulator(lambda: env.step(AgentMessage("hello")), EpisodeConfig(retries=1, timeout_s=10.0),
                                counters)
             return step, counters, client.stats
 

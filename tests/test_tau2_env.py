@@ -7,13 +7,8 @@ import pytest
 
 from jaxagent.credit.reaction import DEFAULT_POLARITY
 from jaxagent.envs.base import AgentMessage
-from jaxagent.envs.tau2.agents import (
-    BROKEN_VARIANTS,
-    OracleAgent,
-    ScriptedAgent,
-    broken_plans,
-    play,
-)
+from jaxagent.envs.tau2.agents import BROKEN_VARIANTS, OracleAgent, ScriptedAgent, broken_plans
+from jaxagent.rollout.runner import play
 from jaxagent.envs.tau2.customer import (
     STOP,
 )

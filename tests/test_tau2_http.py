@@ -10,11 +10,7 @@ import pytest
 from jaxagent.envs.base import AgentMessage
 from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
 from jaxagent.envs.tau2 import scoring
-from jaxagent.envs.tau2.agents import (
-    EndpointAgent,
-    OracleAgent,
-    play,
-)
+from jaxagent.envs.tau2.agents import EndpointAgent, OracleAgent
 from jaxagent.envs.tau2.customer import GREETING, STOP_TOKENS, TRANSFER, customer_config
 from jaxagent.envs.tau2.domains.retail.customer import ScriptedCustomer, first_person
 from jaxagent.envs.tau2.domains.retail.db import load_policy
@@ -23,6 +19,7 @@ from jaxagent.envs.tau2.tasks import (
     render_scenario,
 )
 from jaxagent.envs.tau2.domains.retail.tools import TOOL_NAMES, tool_schemas
+from jaxagent.rollout.runner import play
 from jaxagent.text.toolcalls import ToolCall
 
 from tests.loopback import chat_server as serve
@@ -246,7 +243,7 @@ class FlakyCustomer:
 
 @pytest.mark.parametrize("mode", ["raise", "hang"])
 def test_a_retried_step_after_a_customer_failure_commits_once(mode):
-    from jaxagent.rollout.loop import EpisodeConfig, _call
+    from jaxagent.rollout.runner import EpisodeConfig, call_simulator
 
     customers = []
 
@@ -260,7 +257,7 @@ def test_a_retried_step_after_a_customer_failure_commits_once(mode):
     async def main():
         await env.reset("0", 0)
         msg = AgentMessage("What is your email address?")
-        return await _call(lambda: env.step(msg), EpisodeConfig(retries=2, timeout_s=0.5), counters)
+        return await call_simulator(lambda: env.step(msg), EpisodeConfig(retries=2, timeout_s=0.5), counters)
 
     step = run(main())
     assert counters["simulator_errors"] == 1 and step is not None and not step.done
@@ -292,10 +289,10 @@ def test_a_judge_failure_is_retried_and_the_ending_resumes():
                 env = Tau2Env(TASKS, customer=scripted_customers(), scoring_mode="tau2", judge=judge)
                 agent = OracleAgent()
                 reset = await env.reset("19", 0)
-                agent.start(env.task, reset)
+                agent.start("19", reset, env)
                 msgs, failures = reset.messages, 0
                 while True:
-                    msg = await agent.act(msgs)
+                    msg = await agent.act(0)
                     while True:
                         try:
                             step = await env.step(msg)
@@ -315,7 +312,8 @@ def test_a_judge_failure_is_retried_and_the_ending_resumes():
 def test_evaluate_host_contains_a_failing_reset(monkeypatch):
     from jaxagent.jobs.config import Tau2Section
     from jaxagent.envs.tau2 import env as env_module
-    from jaxagent.envs.tau2.harness import Tau2EnvFactory, evaluate_host
+    from jaxagent.envs.tau2.harness import Tau2EnvFactory
+    from jaxagent.rollout.runner import play_tasks
 
     real = env_module.scoring.initial_db
     calls = []
@@ -329,7 +327,7 @@ def test_evaluate_host_contains_a_failing_reset(monkeypatch):
     monkeypatch.setattr(env_module.scoring, "initial_db", flaky_initial_db)
     factory = Tau2EnvFactory(Tau2Section(tasks="0,1,2"))
     factory.record(False)
-    reports = run(evaluate_host(factory, lambda env, seed: OracleAgent(), k=1, concurrency=2))
+    reports = run(play_tasks(factory, lambda env, seed: OracleAgent(), factory.task_ids, k=1, concurrency=2))
     by = {r["task_id"]: r for r in reports}
     assert set(by) == {"0", "1", "2"}
     assert by["1"]["termination"] == "simulator_failure" and "disk gone" in by["1"]["error"]

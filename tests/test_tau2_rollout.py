@@ -20,7 +20,8 @@ from jaxagent.models import init_params, preset
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout import collate
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.rollout.loop import EpisodeConfig, run_episodes
+from jaxagent.rollout.runner import EpisodeConfig
+from jaxagent.rollout.loop import run_episodes
 from jaxagent.text import load_tokenizer
 from jaxagent.train.rl import RLSettings, RLTrainer
 from jaxagent.train.step import OptimSettings, TrainState, make_optimizer
@@ -177,16 +178,18 @@ class OracleEngine:
     goes through the real loop: renderer, parser, tool execution, customer, trajectory."""
 
     def __init__(self, task):
+        from types import SimpleNamespace
+
         from jaxagent.envs.base import Reset
         from jaxagent.envs.tau2.agents import OracleAgent
 
         self.agent = OracleAgent()
-        self.agent.start(task, Reset(()))
+        self.agent.start(task.id, Reset(()), SimpleNamespace(task=task))
 
     async def generate(self, session, prompt, sampling, key):
         from jaxagent.rollout.engine import EngineResult
 
-        msg = await self.agent.act(())
+        msg = await self.agent.act(0)
         text = msg.content + "".join(f"<tool_call>\n{json.dumps(c.to_dict())}\n</tool_call>" for c in msg.tool_calls)
         ids = TOK.encode(text) + [TOK.eos_token_ids[0]]
         return EngineResult(ids, [0.0] * len(ids), [0.0] * len(ids), True, False, len(prompt))
@@ -300,11 +303,12 @@ def test_launch_eval_with_a_local_checkpoint(tmp_path):
 
 def test_oracle_demos_render_with_the_loss_on_the_agent_turns_only():
     from jaxagent.rollout.demos import render_demo
-    from jaxagent.envs.tau2.agents import oracle_demos
+    from jaxagent.envs.tau2.agents import oracle_plan
+    from jaxagent.rollout.demos import play_demos
 
     factory = Tau2EnvFactory(Tau2Section(tasks="0,14"))
     factory.record(False)
-    demos = oracle_demos(factory, factory.task_ids)
+    demos = play_demos(oracle_plan(factory, factory.tasks, factory.task_ids))
     assert [d.reward for d in demos] == [1.0, 1.0]
     for d in demos:
         task = factory.tasks[d.task_id]

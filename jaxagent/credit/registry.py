@@ -48,7 +48,7 @@ def parse_credit(text: str, *, key: str = "credit") -> tuple[str, ...]:
     names = [n.strip() for n in text.split("+")]
     for n in names:
         if n not in known:
-            raise ValueError(f"{key}: {text!r} {expected}: {n!r} is not registered")
+            raise ValueError(f"{key}: {text!r} {expected} ({key}={text!r}: {n!r} is not a registered credit term)")
     if len(set(names)) != len(names):
         raise ValueError(f"{key}: {text!r} names a credit term twice; expected each at most once")
     chosen = {OUTCOME_TERM, *names}

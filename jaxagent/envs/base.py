@@ -11,15 +11,19 @@ and an info dict. Several agent messages and tool calls may come between two use
 Malformed or unknown tool calls never raise: the environment answers them with a tool message
 that says what was wrong, and counts them in ``info["tool_errors"]``.
 
-A `Demo` is one demonstration episode as chat messages (what SFT trains on): an environment
-family offers them through its `jaxagent.envs.registry.EnvSpec`.
+An `Agent` is the other side: it acts on what the environment says (the episode runner,
+`jaxagent.rollout.runner`, drives both; environments drive nothing). A `Demo` is one demonstration
+episode as chat messages (what SFT trains on): an environment family offers them through its
+`jaxagent.envs.registry.EnvSpec`.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from jaxagent.text.toolcalls import ToolCall
@@ -100,6 +104,38 @@ class Environment(abc.ABC):
     async def aclose(self) -> None:
         """Releases resources (HTTP clients); the loop calls it when the episode ends."""
 
+    def report(self) -> dict[str, Any]:
+        """The episode's report for an evaluation's files (task, score components, transcript...),
+        readable after `aclose` (none by default)."""
+        return {}
+
+
+class Agent(abc.ABC):
+    """The other side of an episode: what answers the environment (the policy through the
+    generation engine, a scripted expert, tau2's oracle, an OpenAI-compatible endpoint...). The one
+    episode runner, `jaxagent.rollout.runner.run_episode`, calls `start` after the reset, then
+    `act` and, with the environment's answer, `observe`, until the episode ends; `aclose` always."""
+
+    #: Why `act` returned None (the episode's termination then).
+    stop_reason: str = "stopped"
+
+    def start(self, task_id: str, reset: Reset, env: Environment) -> None:
+        """A new episode: the reset's messages and tools (``env``: for agents that may read the
+        environment itself, a gym expert or tau2's oracle)."""
+
+    @abc.abstractmethod
+    async def act(self, turn: int) -> AgentMessage | None:
+        """The agent's message of turn ``turn`` (0-based), or None to stop (`stop_reason` says why)."""
+
+    def observe(self, messages: Sequence[EnvMessage], info: Mapping[str, Any]) -> bool:
+        """The environment's answer to the last message (the step's ``info`` beside it); False
+        when the agent cannot take it in (its context is full: the episode ends as ``max_tokens``).
+        Default: taken."""
+        return True
+
+    async def aclose(self) -> None:
+        """Releases what the agent holds for the episode (an engine session)."""
+
 
 class EnvFactory(abc.ABC):
     """An environment family as jobs and the rollout loop use it: called once per episode for a
@@ -179,6 +215,62 @@ def transcript_to_chat(transcript: Sequence[EnvMessage | AgentMessage]) -> list[
     """An episode's transcript (environment and agent messages, in order) as chat dicts (reaction
     labels dropped)."""
     return [agent_message_to_chat(m) if isinstance(m, AgentMessage) else m.to_chat() for m in transcript]
+
+
+# ----------------------------------------------------------------------------- simulator call accounting
+#: Causes of a failed HTTP attempt of a simulator client, as counted in `CallStats.failures`.
+FAILURE_KINDS = ("timeout", "connection", "429", "5xx", "bad_json", "empty_choices", "401", "403", "other_status")
+
+
+class CallStats:
+    """Counters of simulator calls: ``calls`` (chat-completions calls started), ``attempts`` (HTTP
+    attempts), ``failed_calls`` (calls that raised `SimulatorError`), ``failures`` (failed
+    attempts by cause, keys from `FAILURE_KINDS`). ``retries`` is ``attempts - calls``."""
+
+    __slots__ = ("attempts", "calls", "failed_calls", "failures")
+
+    def __init__(self):
+        self.calls = self.attempts = self.failed_calls = 0
+        self.failures: dict[str, int] = {}
+
+    @property
+    def retries(self) -> int:
+        return self.attempts - self.calls
+
+    def fail(self, kind: str) -> None:
+        self.failures[kind] = self.failures.get(kind, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"calls": self.calls, "attempts": self.attempts, "retries": self.retries,
+                "failed_calls": self.failed_calls, "failures": dict(self.failures)}
+
+    def __repr__(self) -> str:
+        return f"CallStats({self.as_dict()})"
+
+
+_COLLECTORS: contextvars.ContextVar[tuple[CallStats, ...]] = contextvars.ContextVar("jaxagent_sim_call_stats",
+                                                                                     default=())
+
+
+def active_call_stats() -> tuple[CallStats, ...]:
+    """The `CallStats` collecting the current task's simulator calls (`collect_call_stats`, innermost
+    last): a simulator client counts each call into every one of them."""
+    return _COLLECTORS.get()
+
+
+@contextlib.contextmanager
+def collect_call_stats(stats: CallStats | None = None) -> Iterator[CallStats]:
+    """Counts, into ``stats`` (a new `CallStats` by default), the simulator calls made by the
+    current task and the tasks it starts from here on (context variables are copied into new
+    tasks: ``asyncio.wait_for``, ``gather``), through any simulator client that counts into
+    `active_call_stats` (`jaxagent.envs.llm_user.LLMUserClient` does). Nests."""
+    stats = CallStats() if stats is None else stats
+    token = _COLLECTORS.set((*_COLLECTORS.get(), stats))
+    try:
+        yield stats
+    finally:
+        _COLLECTORS.reset(token)
+
 
 
 class CallableEnvFactory(EnvFactory):

@@ -25,9 +25,10 @@ OpenAI, ...) that plays the user of a task from its hidden profile.
 - **Counters.** Every call and every failed attempt is counted by cause (:data:`FAILURE_KINDS`:
   ``timeout`` (incl. HTTP 408), ``connection``, ``429``, ``5xx``, ``bad_json``,
   ``empty_choices`` (no ``choices[0].message`` or no string content), ``401``, ``403``,
-  ``other_status``) in the client's own :class:`CallStats` (``client.stats``) and in every
-  :class:`CallStats` the calling task collects with :func:`collect_call_stats` (the rollout loop
-  collects one per episode, so a record carries its simulator's attempts, retries and failures).
+  ``other_status``; `jaxagent.envs.base`) in the client's own `CallStats` (``client.stats``) and in
+  every `CallStats` the calling task collects with `jaxagent.envs.base.collect_call_stats` (the
+  episode runner collects one per episode, so a record carries its simulator's attempts, retries and
+  failures).
 - **Time budget.** One call takes at most about :meth:`LLMUserConfig.call_budget_s`:
   ``(max_retries + 1) * (connect_timeout_s + read_timeout_s)`` plus the backoff sleeps, each at
   most ``max(min(backoff_max_s, backoff_base_s * 2**k), retry_after_max_s)`` (the wait in the
@@ -44,8 +45,6 @@ OpenAI, ...) that plays the user of a task from its hidden profile.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import dataclasses
 import email.utils
 import json
@@ -56,27 +55,26 @@ import random
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Self
 
 import aiohttp
 
+from jaxagent.envs.base import FAILURE_KINDS, CallStats, active_call_stats, collect_call_stats
 from jaxagent.envs.user_config import LLMUserConfig
 from jaxagent.envs.user_prompt import flip_roles, render_system_prompt
 from jaxagent.envs.user_reply import parse_reply
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FAILURE_KINDS", "CallStats", "LLMUserClient", "LLMUserConfig", "SimulatorError", "UserReply",
-           "collect_call_stats", "env_proxy", "failure_kind", "parse_retry_after"]
+__all__ = ["LLMUserClient", "LLMUserConfig", "SimulatorError", "UserReply", "env_proxy", "failure_kind",
+           "parse_retry_after"]
 
 _RETRYABLE_STATUS = frozenset({408, 429})
 _EXCERPT_CHARS = 300
 
 
-#: Causes of a failed HTTP attempt, as counted in `CallStats.failures` (see the module docstring).
-FAILURE_KINDS = ("timeout", "connection", "429", "5xx", "bad_json", "empty_choices", "401", "403", "other_status")
 
 
 def failure_kind(status: int | None) -> str:
@@ -110,49 +108,6 @@ class SimulatorError(RuntimeError):
         self.body_excerpt = body_excerpt
         self.kind = kind
         self.retryable = retryable
-
-
-class CallStats:
-    """Counters of simulator calls: ``calls`` (chat-completions calls started), ``attempts`` (HTTP
-    attempts), ``failed_calls`` (calls that raised `SimulatorError`), ``failures`` (failed
-    attempts by cause, keys from `FAILURE_KINDS`). ``retries`` is ``attempts - calls``."""
-
-    __slots__ = ("attempts", "calls", "failed_calls", "failures")
-
-    def __init__(self):
-        self.calls = self.attempts = self.failed_calls = 0
-        self.failures: dict[str, int] = {}
-
-    @property
-    def retries(self) -> int:
-        return self.attempts - self.calls
-
-    def fail(self, kind: str) -> None:
-        self.failures[kind] = self.failures.get(kind, 0) + 1
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"calls": self.calls, "attempts": self.attempts, "retries": self.retries,
-                "failed_calls": self.failed_calls, "failures": dict(self.failures)}
-
-    def __repr__(self) -> str:
-        return f"CallStats({self.as_dict()})"
-
-
-_COLLECTORS: contextvars.ContextVar[tuple[CallStats, ...]] = contextvars.ContextVar("jaxagent_sim_call_stats",
-                                                                                     default=())
-
-
-@contextlib.contextmanager
-def collect_call_stats(stats: CallStats | None = None) -> Iterator[CallStats]:
-    """Counts, into ``stats`` (a new `CallStats` by default), the simulator calls made by the
-    current task and the tasks it starts from here on (context variables are copied into new
-    tasks: ``asyncio.wait_for``, ``gather``), through any `LLMUserClient`. Nests."""
-    stats = CallStats() if stats is None else stats
-    token = _COLLECTORS.set((*_COLLECTORS.get(), stats))
-    try:
-        yield stats
-    finally:
-        _COLLECTORS.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,7 +366,7 @@ class LLMUserClient:
             headers["Authorization"] = f"Bearer {self._key.get()}"
 
         start = time.monotonic()
-        counters = (self.stats, *_COLLECTORS.get())
+        counters = (self.stats, *active_call_stats())
         for st in counters:
             st.calls += 1
         attempts, status, reason, excerpt, kind = 0, None, "", "", "other_status"

@@ -24,10 +24,10 @@ import dataclasses
 import importlib
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from jaxagent.envs.base import Demo, EnvFactory
+from jaxagent.envs.base import Agent, Demo, EnvFactory, Environment
 
 #: Built-in families by name -> "module:attribute" of their `EnvSpec` (imported on first use).
 BUILTIN_ENVS: dict[str, str] = {
@@ -92,13 +92,40 @@ class HostEvalRequest:
 
 @dataclasses.dataclass
 class HostEvalResult:
-    """A host evaluation's episode ``reports`` (one dict each), one ``rows`` entry per task, the
+    """What a host evaluation reports beside its episodes: one ``rows`` entry per task, the
     ``summary`` figures (avg@k and the family's own), and ``text``: a few lines for the terminal."""
 
-    reports: list[dict[str, Any]]
     rows: list[dict[str, Any]]
     summary: dict[str, Any]
     text: Callable[[Mapping[str, Any]], str] | None = None
+
+
+@dataclasses.dataclass
+class HostEval:
+    """A family's host agents for one evaluation (`EnvSpec.host_eval`): ``agent(env, seed)`` makes
+    the agent of one episode; ``task_ids`` are played ``k`` times each, at most ``max_turns`` agent
+    turns; ``summarize(reports)`` reads the episodes' reports (`Environment.report`, one per
+    episode, failures included); ``aclose()`` releases the agents' clients."""
+
+    agent: Callable[[Environment, int], Agent]
+    task_ids: list[str]
+    max_turns: int
+    summarize: Callable[[list[dict[str, Any]]], HostEvalResult]
+    aclose: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoPlan:
+    """Demonstrations to play through the episode runner: for each ``(task_id, seed)`` of
+    ``episodes`` a fresh environment (``make_env()``) and a fresh ``agent(task_id, seed)``, at most
+    ``max_turns`` agent turns (or ``max_turns(task_id)``). An agent with a ``train_turns`` list (one
+    bool per turn) says which of its turns a loss trains on (default: all of them).
+    `jaxagent.rollout.demos.play_demos` turns it into `Demo` objects."""
+
+    make_env: Callable[[], Environment]
+    episodes: Sequence[tuple[str, int]]
+    agent: Callable[[str, int], Agent]
+    max_turns: int | Callable[[str], int] = 32
 
 
 def _no_clients(settings: Any) -> list:
@@ -115,9 +142,10 @@ class EnvSpec:
     - ``max_reward``: the most outcome reward of one episode (a number, or a function of the settings).
     - ``reaction_labels``: the private labels its users attach to their messages (Faca).
     - ``user_tools``: whether its user acts with tools of its own (dual control).
-    - ``demonstrations(ctx, setup, request) -> list[Demo]``: SFT data (None: ``job=sft`` refused).
-    - ``host_agents`` / ``host_eval(ctx, request) -> HostEvalResult``: agents other than the policy
-      that ``job=eval`` can play (``eval.agent``).
+    - ``demonstrations(ctx, setup, request)``: SFT data, a list of `Demo` or a `DemoPlan` (an expert
+      agent's episodes, played through the runner); None: ``job=sft`` refused.
+    - ``host_agents`` / ``host_eval(ctx, request, setup) -> HostEval``: agents other than the policy
+      that ``job=eval`` can play (``eval.agent``), and how their reports are summarised.
     - ``needs_text_tokenizer``: its text is more than the quickstart tokenizer can spell well
       (``tokenizer=builtin:gyms`` is refused for it).
     - ``sampled_eval``: policy evaluations also sample ``eval.sampled_k`` runs per task.
@@ -134,9 +162,9 @@ class EnvSpec:
     max_reward: float | Callable[[Any], float] = 1.0
     reaction_labels: tuple[str, ...] = ()
     user_tools: bool = False
-    demonstrations: Callable[[EnvContext, EnvSetup, DemoRequest], list[Demo]] | None = None
+    demonstrations: Callable[[EnvContext, EnvSetup, DemoRequest], Sequence[Demo] | DemoPlan] | None = None
     host_agents: tuple[str, ...] = ()
-    host_eval: Callable[[EnvContext, HostEvalRequest], HostEvalResult] | None = None
+    host_eval: Callable[[EnvContext, HostEvalRequest, EnvSetup], HostEval] | None = None
     needs_text_tokenizer: bool = False
     sampled_eval: bool = True
     simulator_clients: Callable[[Any], Sequence[tuple[str, Any]]] = _no_clients
@@ -225,5 +253,5 @@ def resolve_env(kind: str) -> EnvSpec:
                      f"EnvSpec)" + (f"; did you mean {close[0]!r}?" if close else ""))
 
 
-__all__ = ["BUILTIN_ENVS", "DemoRequest", "EnvContext", "EnvSetup", "EnvSpec", "HostEvalRequest", "HostEvalResult",
-           "env_names", "register_env", "resolve_env"]
+__all__ = ["BUILTIN_ENVS", "DemoPlan", "DemoRequest", "EnvContext", "EnvSetup", "EnvSpec", "HostEval",
+           "HostEvalRequest", "HostEvalResult", "env_names", "register_env", "resolve_env"]

@@ -20,7 +20,7 @@ import numpy as np
 from jaxagent.envs.base import Environment
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.rollout.loop import EpisodeConfig
+from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.rollout.metrics import episode_metrics
 from jaxagent.rollout.processes import ProcessGroup, play_episodes
 from jaxagent.rollout.trajectory import Trajectory

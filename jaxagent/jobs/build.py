@@ -20,7 +20,7 @@ from jaxagent.models.generate import SamplingParams
 from jaxagent.models.hf import load_pretrained
 from jaxagent.models.sharding import init_params_sharded
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.rollout.loop import EpisodeConfig
+from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.rollout.processes import ProcessGroup
 from jaxagent.text.tokenizer import Tokenizer, load_tokenizer
 
@@ -156,14 +156,10 @@ def prepare(cfg: RunConfig) -> Run:
     """Builds the run. In a multi-process run (docs/PODS.md) every process checks the run directory
     (one path all of them see) before process 0 alone writes into it, and each process's engine
     decodes with its own copy of the policy (`ProcessGroup.local_params`)."""
-    from jaxagent.jobs.resume import check_run_dir, record_config
+    from jaxagent.jobs.resume import checked_run_dir, record_config
 
     processes = ProcessGroup.current()
-    run_dir = Path(cfg.runs_dir) / cfg.name
-    check_run_dir(cfg, run_dir)  # another job's results; resume=true with nothing; a changed config
-    if run_dir.exists() and not cfg.resume and any((run_dir / "checkpoints").glob("*/*")):
-        raise FileExistsError(f"{run_dir}: a run with checkpoints exists; set resume=true to continue it or pick "
-                              "another name=")
+    run_dir = checked_run_dir(cfg, refuse_checkpoints=True)
     processes.barrier("jaxagent-run-dir-checked")  # every process has read it before process 0 writes
     mesh = make_mesh(cfg.mesh)
     rules = LogicalRules(mesh)

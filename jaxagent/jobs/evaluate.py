@@ -3,6 +3,7 @@ environment offers (``job=eval agent=oracle|endpoint`` on tau2: `run_host_eval`)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -84,19 +85,32 @@ def run_host_eval(cfg) -> dict[str, Any]:
     summary.json}``, prints a few lines (the spec's text, with ``progress``) and returns the summary
     without its per-task figures (``success_by_task``, in summary.json) and with the files' paths
     (``files``)."""
-    from jaxagent.envs.registry import HostEvalRequest
+    from jaxagent.envs.registry import EnvSetup, HostEvalRequest
+    from jaxagent.jobs.build import build_env
     from jaxagent.jobs.config import env_context
-    from jaxagent.jobs.resume import check_run_dir, record_config
+    from jaxagent.rollout.runner import play_tasks
+    from jaxagent.jobs.resume import checked_run_dir, record_config
 
     t0 = time.perf_counter()
-    run_dir = Path(cfg.runs_dir) / cfg.name
-    check_run_dir(cfg, run_dir)  # never into another job's run directory (the key name)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = checked_run_dir(cfg)  # never into another job's run directory (the key name)
     record_config(cfg, run_dir)
     e = cfg.eval
-    result = cfg.env.spec.host_eval(env_context(cfg), HostEvalRequest(
-        agent=e.agent, k=e.k, concurrency=e.concurrency, temperature=e.temperature, endpoint=e.endpoint))
-    write_jsonl(run_dir / "episodes.jsonl", result.reports)
+    ctx = env_context(cfg)
+    setup = EnvSetup(*build_env(cfg))
+    host = cfg.env.spec.host_eval(ctx, HostEvalRequest(agent=e.agent, k=e.k, concurrency=e.concurrency,
+                                                       temperature=e.temperature, endpoint=e.endpoint), setup)
+
+    async def main():
+        try:
+            return await play_tasks(setup.factory, host.agent, host.task_ids, k=e.k, concurrency=e.concurrency,
+                                    max_turns=host.max_turns)
+        finally:
+            if host.aclose is not None:
+                await host.aclose()
+
+    reports = asyncio.run(main())
+    result = host.summarize(reports)
+    write_jsonl(run_dir / "episodes.jsonl", reports)
     write_jsonl(run_dir / "tasks.jsonl", result.rows)
     summary = {"name": cfg.name, "job": "eval", "env": cfg.env.kind, "agent": e.agent, "agent_temperature": e.temperature,
                **result.summary, "wall_seconds": time.perf_counter() - t0}

@@ -30,7 +30,7 @@ import numpy as np
 from jaxagent import configlib
 from jaxagent.jobs.build import build_model, build_tokenizer, write_export
 from jaxagent.jobs.config import RunConfig
-from jaxagent.jobs.phases import _check_skipped, _resume, sft_optim, trainable
+from jaxagent.jobs.phases import abstract, failure_record, resume_phase, sft_optim, skip_check, trainable
 from jaxagent.jobs.runlog import RunLog
 from jaxagent.models import LogicalRules, make_mesh
 from jaxagent.models.config import QwenConfig
@@ -39,6 +39,7 @@ from jaxagent.qd import labels
 from jaxagent.qd.agents import completion_ids, decision_prompt_ids
 from jaxagent.rollout.processes import ProcessGroup
 from jaxagent.text.tokenizer import Tokenizer
+from jaxagent.train.loop import Checkpointing, every, fit
 from jaxagent.train.rows import RowTokens, row_batch, weighted_sft_loss_fn
 from jaxagent.train.step import (StepShardings, TrainState, learning_rate, make_optimizer, make_update,
                                  place_on_mesh)
@@ -46,7 +47,7 @@ from jaxagent.train.step import (StepShardings, TrainState, learning_rate, make_
 
 @dataclasses.dataclass
 class OfflineRun:
-    """What `jaxagent.jobs.phases`' checkpoint helpers read of a run (`Run`'s fields they use)."""
+    """What `jaxagent.jobs.phases`' training helpers read of a run (`Run`'s fields they use)."""
 
     cfg: RunConfig
     run_dir: Path
@@ -60,13 +61,9 @@ class OfflineRun:
 
 def prepare_offline(cfg: RunConfig) -> OfflineRun:
     """The run directory checked and recorded, the tokenizer and the policy (no environment, no engine)."""
-    from jaxagent.jobs.resume import check_run_dir, record_config
+    from jaxagent.jobs.resume import checked_run_dir, record_config
 
-    run_dir = Path(cfg.runs_dir) / cfg.name
-    check_run_dir(cfg, run_dir)
-    if run_dir.exists() and not cfg.resume and any((run_dir / "checkpoints").glob("*/*")):
-        raise FileExistsError(f"{run_dir}: a run with checkpoints exists; set resume=true to continue it or pick "
-                              "another name=")
+    run_dir = checked_run_dir(cfg, refuse_checkpoints=True)
     rules = LogicalRules(make_mesh(cfg.mesh))
     tok = build_tokenizer(cfg)
     qcfg, params = build_model(cfg, tok, rules)
@@ -147,28 +144,27 @@ def run_sft_rows(cfg: RunConfig) -> dict[str, Any]:
     state = place_on_mesh(TrainState.create(run.params, tx, trainable=trainable(run.qcfg)), run.rules.mesh)
     ckpt = Checkpointer(run.run_dir / "checkpoints" / "sft", keep=cfg.checkpoint.keep,
                         async_save=cfg.checkpoint.async_save)
-    restored, start = _resume(run, ckpt, "sft", jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state), "next_step", steps, "sft.steps")
+    restored, start = resume_phase(run, ckpt, "sft", abstract(state), "next_step", steps, "sft.steps")
     state = state if restored is None else restored
     shardings = StepShardings.of(state, batch_sharding(run.rules, shape=(batch, 1)))
     update = make_update(weighted_sft_loss_fn(run.qcfg), tx, microbatches=s.microbatches, agg="token_mean",
                          lr_schedule=learning_rate(optim), shardings=shardings)
-    run.log.start("sft", steps, start, desc="sft (rows)")
     last: dict[str, float] = {}
-    for i in range(start, steps):
-        idx = epoch_batch(len(data), batch, i, cfg.seed, "sft")
-        state, m = update(state, shardings.put_batch(row_batch(data, idx)))
-        if i % 10 == 0 or i == steps - 1:
-            last = {k: float(v) for k, v in jax.device_get(m).items()}
-            run.log.log("sft", i, last, show=("loss", "nll", "grad_norm"))
-            _check_skipped(run, ckpt, "sft", state, s.max_skipped_share, "sft.max_skipped_share", final=i == steps - 1)
-        if cfg.checkpoint.every and (i + 1) % cfg.checkpoint.every == 0 and i + 1 < steps:
-            ckpt.save(i + 1, state, {"next_step": i + 1})
+
+    def step(i, state):
+        return update(state, shardings.put_batch(row_batch(data, epoch_batch(len(data), batch, i, cfg.seed, "sft"))))
+
+    def log(i, state, m):
+        nonlocal last
+        last = {k: float(v) for k, v in jax.device_get(m).items()}
+        run.log.log("sft", i, last, show=("loss", "nll", "grad_norm"))
+
+    run.log.start("sft", steps, start, desc="sft (rows)")
+    state = fit(state, step, start=start, total=steps,
+                hooks=[every(10, steps, log), every(10, steps, skip_check(run, "sft", s.max_skipped_share,
+                                                                            "sft.max_skipped_share", steps))],
+                checkpoint=Checkpointing(ckpt, cfg.checkpoint.every, "next_step"), on_error=failure_record(run, "sft"))
     run.log.end("sft")
-    if steps and start < steps:
-        ckpt.save(steps, state, {"next_step": steps}, force=True)
-    ckpt.wait()
-    ckpt.close()
     exported = _export(run, state.model_params) if cfg.checkpoint.export_hf else []
     kinds: dict[str, int] = {}
     for r in rows:
@@ -235,8 +231,7 @@ def run_dpo(cfg: RunConfig) -> dict[str, Any]:
     ref_path = run.run_dir / "checkpoints" / "dpo_reference.npy"
     ckpt = Checkpointer(run.run_dir / "checkpoints" / "dpo", keep=cfg.checkpoint.keep,
                         async_save=cfg.checkpoint.async_save)
-    restored, start = _resume(run, ckpt, "dpo", jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state), "next_step", total, "dpo.epochs")
+    restored, start = resume_phase(run, ckpt, "dpo", abstract(state), "next_step", total, "dpo.epochs")
     if restored is not None:
         state = restored
         ref = np.load(ref_path)
@@ -253,22 +248,12 @@ def run_dpo(cfg: RunConfig) -> dict[str, Any]:
         if i % 10 == 0 or i == total - 1:
             run.log.log("dpo", i, m, show=("loss", "reward_accuracy", "reward_margin"))
 
-    live = {"state": state}
-
-    def on_step(done: int, st) -> None:
-        live["state"] = st
-        if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < total:
-            ckpt.save(done, st, {"next_step": done})
-        if done % 10 == 1 or done == total:
-            _check_skipped(run, ckpt, "dpo", st, 0.5, "dpo (skipped updates)", final=done == total)
-
     params, history = train_dpo(run.params, run.qcfg, data, settings, tx=tx, log=log, shardings=shardings,
-                                state=state, start_step=start, ref_logps=ref, on_step=on_step)
+                                state=state, start_step=start, ref_logps=ref,
+                                hooks=[every(10, total, skip_check(run, "dpo", 0.5, "dpo (skipped updates)", total))],
+                                checkpoint=Checkpointing(ckpt, cfg.checkpoint.every, "next_step"),
+                                on_error=failure_record(run, "dpo"))
     run.log.end("dpo")
-    if total and start < total:
-        ckpt.save(total, live["state"], {"next_step": total}, force=True)
-    ckpt.wait()
-    ckpt.close()
     exported = _export(run, params) if cfg.checkpoint.export_hf else []
     kinds: dict[str, int] = {}
     for p in chosen:

@@ -105,12 +105,11 @@ def _role(kind: str, endpoint, offline, online, clients: list):
 # ----------------------------------------------------------------------------- the job
 def run_qd_eval(cfg: RunConfig) -> dict[str, Any]:
     from jaxagent.eval import qd_report
-    from jaxagent.jobs.resume import check_run_dir, record_config
+    from jaxagent.jobs.resume import checked_run_dir, record_config
 
     t0 = time.perf_counter()
     q = cfg.qd
-    run_dir = Path(cfg.runs_dir) / cfg.name
-    check_run_dir(cfg, run_dir)
+    run_dir = checked_run_dir(cfg)
     try:
         pairs = build_graphs(q.benchmark, q.file, q.paragraphs)
     except ValueError as e:
@@ -119,7 +118,6 @@ def run_qd_eval(cfg: RunConfig) -> dict[str, Any]:
     if not pairs:
         raise configlib.ConfigError(f"qd.first_task={q.first_task}: past the suite's end; expected a smaller "
                                     "first_task (or another qd.file)")
-    run_dir.mkdir(parents=True, exist_ok=True)
     record_config(cfg, run_dir)
     tasks = [t for t, _ in pairs]
     graphs = {t.task_id: g for t, g in pairs}

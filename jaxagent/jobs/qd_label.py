@@ -30,7 +30,6 @@ import json
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -71,12 +70,11 @@ def decision_rows(runs: list[QDRun], tasks: dict[str, Any]) -> list[labels.SFTRo
 
 
 def run_qd_label(cfg: RunConfig) -> dict[str, Any]:
-    from jaxagent.jobs.resume import check_run_dir, record_config
+    from jaxagent.jobs.resume import checked_run_dir, record_config
 
     t0 = time.perf_counter()
     q = cfg.qd
-    run_dir = Path(cfg.runs_dir) / cfg.name
-    check_run_dir(cfg, run_dir)
+    run_dir = checked_run_dir(cfg)
     try:
         suite = build_graphs(q.benchmark, q.file, q.paragraphs)
     except ValueError as e:
@@ -85,7 +83,6 @@ def run_qd_label(cfg: RunConfig) -> dict[str, Any]:
     if not suite:
         raise configlib.ConfigError(f"qd.first_task={q.first_task}: past the suite's end; expected a smaller "
                                     "first_task (or another qd.file)")
-    run_dir.mkdir(parents=True, exist_ok=True)
     record_config(cfg, run_dir)
     tasks = {t.task_id: t for t, _ in suite}
     graphs = {t.task_id: g for t, g in suite}

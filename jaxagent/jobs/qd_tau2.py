@@ -30,7 +30,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -124,14 +123,13 @@ def _agents(cfg: RunConfig, kind: str, clients: list, model):
 
 
 def run_qd_tau2(cfg: RunConfig) -> dict[str, Any]:
-    from jaxagent.envs.tau2.harness import SCORING_NOTE, Tau2EnvFactory, evaluate_host
-    from jaxagent.jobs.resume import check_run_dir, record_config
+    from jaxagent.envs.tau2.harness import SCORING_NOTE, Tau2EnvFactory
+    from jaxagent.jobs.resume import checked_run_dir, record_config
+    from jaxagent.rollout.runner import play_tasks
 
     t0 = time.perf_counter()
     q = cfg.qd
-    run_dir = Path(cfg.runs_dir) / cfg.name
-    check_run_dir(cfg, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = checked_run_dir(cfg)
     record_config(cfg, run_dir)
     model = _Model(cfg) if q.questioner == "policy" else None
     arms = [("treatment", "qd")] + ([("baseline", q.tau2.baseline)] if q.tau2.baseline != "none" else [])
@@ -149,8 +147,8 @@ def run_qd_tau2(cfg: RunConfig) -> dict[str, Any]:
         try:
             for arm, kind in arms:
                 make, described[arm] = _agents(cfg, kind, clients, model)
-                reports[arm] = await evaluate_host(factory, make, k=q.seeds, concurrency=q.concurrency,
-                                                   max_turns=cfg.env.tau2.max_steps, on_report=keep_log)
+                reports[arm] = await play_tasks(factory, make, factory.task_ids, k=q.seeds, concurrency=q.concurrency,
+                                                max_turns=cfg.env.tau2.max_steps, on_report=keep_log)
                 if cfg.progress:
                     print(f"[qd_tau2] {arm}: {len(reports[arm])} episodes", file=sys.stderr, flush=True)
         finally:

@@ -204,6 +204,18 @@ def check_run_dir(cfg: Any, run_dir: Path) -> None:
             f"anyway, name them: resume_overrides=[{keys}] (or start afresh under another name=)")
 
 
+def checked_run_dir(cfg: Any, *, refuse_checkpoints: bool = False) -> Path:
+    """``runs_dir/name`` once `check_run_dir` allows this launch into it; with ``refuse_checkpoints``
+    a run with checkpoints is refused unless ``resume=true`` (a training job must not start over it).
+    Nothing is written: `record_config` creates the directory once the job's inputs are checked."""
+    run_dir = Path(cfg.runs_dir) / cfg.name
+    check_run_dir(cfg, run_dir)  # another job's results; resume=true with nothing; a changed config
+    if refuse_checkpoints and run_dir.exists() and not cfg.resume and any((run_dir / "checkpoints").glob("*/*")):
+        raise FileExistsError(f"{run_dir}: a run with checkpoints exists; set resume=true to continue it or pick "
+                              "another name=")
+    return run_dir
+
+
 def check_not_shortened(cfg: Any, phase: str, start: int, total: int, key: str) -> None:
     """A resume whose checkpoint is past the phase's end (``key`` lowered below it) is refused."""
     if start > total:
@@ -263,5 +275,5 @@ def after_checkpoint(phase: str, start: int) -> Callable[[dict[str, Any]], bool]
 
 
 __all__ = ["ALWAYS_ALLOWED", "ResumeError", "after_checkpoint", "check_not_shortened", "check_overrides_known",
-           "check_run_dir", "config_diff", "config_history", "record_config", "run_identity", "schema_keys",
+           "check_run_dir", "checked_run_dir", "config_diff", "config_history", "record_config", "run_identity", "schema_keys",
            "truncate_metrics"]

@@ -45,7 +45,7 @@ from typing import Any, Literal, Protocol
 
 import jax
 
-from jaxagent.envs.base import AgentMessage, EnvMessage, Reset
+from jaxagent.envs.base import Agent, AgentMessage, EnvMessage, Environment, Reset
 from jaxagent.envs.llm_user import LLMUserClient
 from jaxagent.envs.retrieval_qa.tasks import QATask, Unit
 from jaxagent.envs.tau2.agents import wire_call
@@ -346,7 +346,7 @@ class Tau2QDConfig:
 Reader = Callable[[str, Mapping[str, Any]], Any]  # (name, arguments) -> ToolResult | None
 
 
-class Tau2QDAgent:
+class Tau2QDAgent(Agent):
     """The agent of the module docstring. ``reader``: the episode's read-only tool runner
     (`Tau2Env.read`); ``key``, ``seed``: the questioner's sampling (decision i of the
     dialogue samples with ``fold_in(fold_in(key, seed), i)``)."""
@@ -365,11 +365,18 @@ class Tau2QDAgent:
         self.questions = self.planned = self.decisions = 0
         self._owed: dict[str, Any] | None = None  # the turn whose plan ran: the answer is still owed
 
-    def start(self, task, reset: Reset) -> None:
-        self.task_id = str(getattr(task, "id", ""))
+    def start(self, task_id: str, reset: Reset, env: Environment) -> None:
+        self.task_id = str(task_id)
         self.policy = next((m.content for m in reset.messages if m.role == "system"), "")
         self.conversation, self.units, self.history, self.log = [], {}, [], []
         self.draft, self.questions, self.planned, self.decisions, self._owed = "", 0, 0, 0, None
+        self.inbox: list[EnvMessage] = list(reset.messages)
+
+    def observe(self, messages: Sequence[EnvMessage], info: Mapping[str, Any]) -> bool:
+        """The environment's answer (tool results of the planned calls, or the customer's reply) is
+        read by the next `act`."""
+        self.inbox = list(messages)
+        return True
 
     @property
     def held(self) -> list[Unit]:
@@ -386,8 +393,8 @@ class Tau2QDAgent:
                               history=self.history, instructions=PROMPTS[self.config.prompt])
         return QDState(task, tuple(range(len(held))), (), self.draft, tuple(self.history), prompt, t)
 
-    async def act(self, messages: Sequence[EnvMessage]) -> AgentMessage:
-        r = self.config.retries
+    async def act(self, turn: int) -> AgentMessage:
+        r, messages = self.config.retries, self.inbox
         if self._owed is not None:  # the plan's calls ran: their results, then the customer-facing text
             turn, self._owed = self._owed, None
             results = [(c, m.content) for c, m in zip(turn["calls"], [m for m in messages if m.role == "tool"])]

@@ -1,4 +1,10 @@
-"""Demonstrations rendered as the rollout loop renders an episode (host code).
+"""Demonstrations: played through the episode runner, rendered as the rollout loop renders an episode.
+
+`play_demos` plays a `jaxagent.envs.registry.DemoPlan` (an expert agent's episodes: a gym's expert,
+tau2's oracle, a user environment's) through `jaxagent.rollout.runner.run_episode` and keeps each
+as a `Demo`: the reset's messages, each agent turn and the environment's answers, without the
+answers of the step that ended the episode (the rollout loop never appends those), the agent's
+turns trained on unless its ``train_turns`` says otherwise.
 
 `render_demo` turns a `jaxagent.envs.base.Demo` (chat messages with per-message train flags) into
 token ids and a loss mask, token-in/token-out with the `ChatRenderer` calls `jaxagent.rollout.loop`
@@ -13,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxagent.envs.base import Demo
+from jaxagent.envs.base import AgentMessage, Demo, agent_message_to_chat
+from jaxagent.envs.registry import DemoPlan
+from jaxagent.rollout.runner import HOST, Episode, run_episode
 from jaxagent.text.chat import ChatRenderer
 from jaxagent.text.template import ChatTemplateError
 from jaxagent.text.tokenizer import Tokenizer
@@ -75,4 +83,39 @@ def render_demo(demo: Demo, tokenizer: Tokenizer, *, tool_schemas_in_prompt: boo
     return list(record.tokens), [bool(x) for x in mask]
 
 
-__all__ = ["render_demo"]
+def demo_of(episode: Episode, train_turns: list[bool] | None = None) -> Demo:
+    """``episode`` as a `Demo` (module docstring); ``train_turns``: per agent turn, whether it is
+    trained on (default all)."""
+    messages, train, turn = [], [], 0
+    for m in episode.transcript:
+        if isinstance(m, AgentMessage):
+            messages.append(agent_message_to_chat(m))
+            train.append(True if train_turns is None else bool(train_turns[turn]))
+            turn += 1
+        else:
+            messages.append(m.to_chat())
+            train.append(False)
+    return Demo(episode.task_id, tuple(messages), tuple(train), episode.outcome, episode.tools)
+
+
+async def play_demos_async(plan: DemoPlan) -> list[Demo]:
+    """`play_demos`, from async code."""
+    out = []
+    for task_id, seed in plan.episodes:
+        agent = plan.agent(task_id, seed)
+        turns = plan.max_turns(task_id) if callable(plan.max_turns) else plan.max_turns
+        episode = await run_episode(plan.make_env(), agent, task_id=task_id, seed=seed,
+                                    config=dataclasses.replace(HOST, max_turns=int(turns)))
+        out.append(demo_of(episode, getattr(agent, "train_turns", None)))
+    return out
+
+
+def play_demos(plan: DemoPlan) -> list[Demo]:
+    """The plan's episodes, one after the other (deterministic), as demonstrations. Synchronous
+    (``asyncio.run``); from async code await `play_demos_async`."""
+    import asyncio
+
+    return asyncio.run(play_demos_async(plan))
+
+
+__all__ = ["demo_of", "play_demos", "play_demos_async", "render_demo"]

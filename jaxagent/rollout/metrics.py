@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxagent.envs.llm_user import FAILURE_KINDS
+from jaxagent.envs.base import FAILURE_KINDS
 from jaxagent.rollout.trajectory import Trajectory
 
 

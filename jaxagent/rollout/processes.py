@@ -38,7 +38,8 @@ from jaxagent.envs.base import Environment
 from jaxagent.models.generate import SamplingParams
 from jaxagent.models.sharding import LogicalRules, MeshConfig, make_mesh, shard_params
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.rollout.loop import EpisodeConfig, run_episodes
+from jaxagent.rollout.runner import EpisodeConfig
+from jaxagent.rollout.loop import run_episodes
 from jaxagent.rollout.trajectory import Trajectory
 from jaxagent.text.tokenizer import Tokenizer
 

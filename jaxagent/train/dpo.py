@@ -46,6 +46,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxagent.credit.losses import DPO_LOSS_TYPES, DPOLossType, dpo_loss, sequence_logp
 from jaxagent.models.config import ConfigError, QwenConfig
 from jaxagent.rollout.batch import Row, build_batch
+from jaxagent.train.loop import Checkpointing, Hook, fit
 from jaxagent.train.step import (
     SKIP_CHECK_MIN_UPDATES,
     LossFn,
@@ -347,7 +348,10 @@ def train_dpo(params, config: QwenConfig, pairs: Sequence[PairTokens], settings:
               ref_logps: np.ndarray | None = None,
               on_step: Callable[[int, TrainState], None] | None = None,
               multiple: int = 64,
-              attn_impl: str | None = None) -> tuple[Any, list[dict[str, float]]]:
+              attn_impl: str | None = None,
+              hooks: Sequence[Hook] = (),
+              checkpoint: Checkpointing | None = None,
+              on_error: Callable[[BaseException, int], None] | None = None) -> tuple[Any, list[dict[str, float]]]:
     """DPO from ``params`` (the initial policy, also the frozen reference): returns the trained
     params and the history (one dict per update: ``step``, ``epoch`` and the update's metrics as
     floats, `dpo_loss_fn`'s and `make_update`'s).
@@ -360,9 +364,10 @@ def train_dpo(params, config: QwenConfig, pairs: Sequence[PairTokens], settings:
       `TrainState` to continue from (restored; default a fresh one of ``params``, placed on
       ``shardings``' mesh when given). ``shardings``: the jitted update's (`make_update`); the
       state must already be where they say.
-    - Updates ``start_step .. dpo_steps - 1``, update ``i`` on the pairs `step_pairs` gives it;
-      ``log(i, metrics)`` after each, then ``on_step(i + 1, state)`` (updates done, the live
-      state: save it there; the next update donates its buffers).
+    - Updates ``start_step .. dpo_steps - 1`` through the training loop (`jaxagent.train.loop.fit`),
+      update ``i`` on the pairs `step_pairs` gives it; ``log(i, metrics)`` after each, then the
+      ``hooks`` and ``on_step(i + 1, state)`` (updates done, the live state; the next update donates
+      its buffers), then ``checkpoint`` (`Checkpointing`) every ``checkpoint.every`` and at the end.
     - Raises `TrainingFailed` when every update so far was skipped for non-finite loss or
       gradients, once `SKIP_CHECK_MIN_UPDATES` were made (or at the last).
     ``params`` and ``state`` are donated to the update (their buffers are consumed on an accelerator).
@@ -391,8 +396,9 @@ def train_dpo(params, config: QwenConfig, pairs: Sequence[PairTokens], settings:
                          shardings=shardings)
     spe = steps_per_epoch(P, settings)
     history: list[dict[str, float]] = []
-    applied = made = 0
-    for i in range(start_step, total):
+    made = {"applied": 0, "made": 0}
+
+    def step(i: int, state: TrainState):
         idx, live = step_pairs(i, P, settings)
         batch = pair_batch(pairs, idx, multiple, ref=ref_logps)
         batch["weight"] = batch["weight"] * live
@@ -405,14 +411,18 @@ def train_dpo(params, config: QwenConfig, pairs: Sequence[PairTokens], settings:
         history.append({"step": i, **metrics})
         if log is not None:
             log(i, metrics)
-        made += 1
-        applied += metrics["finite"] > 0
-        if applied == 0 and (made >= SKIP_CHECK_MIN_UPDATES or i == total - 1):
+        made["made"] += 1
+        made["applied"] += metrics["finite"] > 0
+        if made["applied"] == 0 and (made["made"] >= SKIP_CHECK_MIN_UPDATES or i == total - 1):
             raise TrainingFailed(
-                f"dpo: all {made} updates (steps {start_step}..{i}) were skipped (non-finite loss or gradients); "
+                f"dpo: all {made['made']} updates (steps {start_step}..{i}) were skipped (non-finite loss or gradients); "
                 "lower dpo.lr or check the pairs and the model")
-        if on_step is not None:
-            on_step(i + 1, state)
+        return state, metrics
+
+    every_step = list(hooks)
+    if on_step is not None:
+        every_step.append(lambda i, state, metrics: on_step(i + 1, state))
+    state = fit(state, step, start=start_step, total=total, hooks=every_step, checkpoint=checkpoint, on_error=on_error)
     return state.model_params, history
 
 

@@ -57,7 +57,7 @@ from jaxagent.envs.base import Environment
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.rollout.loop import EpisodeConfig
+from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.rollout.metrics import episode_metrics, failure_causes
 from jaxagent.rollout.processes import ProcessGroup, play_episodes
 from jaxagent.rollout.trajectory import Trajectory, collate_host

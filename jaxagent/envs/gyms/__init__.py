@@ -3,7 +3,8 @@
 ``GYMS[name]`` is a :class:`GymSpec`: the environment class (``spec.env()`` makes one episode's
 environment), ``make_tasks(split, n, seed)`` (task ids), ``vocabulary()`` (the closed word list),
 ``expert_policy`` (reaches ``MAX_REWARD`` on every task) and ``random_policy(rng)``. Policies map
-the running gym to the next :class:`~jaxagent.envs.base.AgentMessage`; ``run_episode`` plays one.
+the running gym to the next :class:`~jaxagent.envs.base.AgentMessage`;
+`jaxagent.rollout.runner.play_policy` plays one.
 See ``common.py`` for the tool, task ids, splits, rewards and error handling.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Callable
 
 from jaxagent.envs.gyms import function, intention, preference, telepathy
 from jaxagent.envs.gyms.common import (CHOICES, LABELS, MAX_REWARD, SPLITS, TOOL_NAME, TOOL_SCHEMA, Policy,
-                                       ScriptedGym, act, answer, parse_task_id, run_episode, search, tokenize)
+                                       ScriptedGym, act, answer, parse_task_id, search, tokenize)
 from jaxagent.envs.gyms.function import FunctionGym
 from jaxagent.envs.gyms.intention import IntentionGym
 from jaxagent.envs.gyms.preference import PreferenceGym
@@ -68,4 +69,4 @@ def vocabulary(gym: str) -> list[str]:
 
 __all__ = ["CHOICES", "GYMS", "LABELS", "MAX_REWARD", "SPLITS", "TOOL_NAME", "TOOL_SCHEMA", "FunctionGym",
            "GymSpec", "IntentionGym", "Policy", "PreferenceGym", "ScriptedGym", "TelepathyGym", "act", "answer",
-           "make_env", "make_tasks", "parse_task_id", "run_episode", "search", "tokenize", "vocabulary"]
+           "make_env", "make_tasks", "parse_task_id", "search", "tokenize", "vocabulary"]

@@ -31,7 +31,7 @@ from jaxagent.envs.base import AgentMessage, EnvMessage, Environment, Reset, Ste
 from jaxagent.text.toolcalls import ToolCall
 
 __all__ = ["CHOICES", "COMMON_WORDS", "LABELS", "MAX_REWARD", "OUTCOMES", "SPLITS", "TOOL_NAME", "TOOL_SCHEMA",
-           "Policy", "ScriptedGym", "act", "answer", "make_task_ids", "parse_task_id", "run_episode",
+           "Policy", "ScriptedGym", "act", "answer", "make_task_ids", "parse_task_id",
            "search", "split_of", "tokenize"]
 
 LABELS = ("provide_info", "confirm", "approve", "accept",
@@ -281,24 +281,6 @@ class ScriptedGym(Environment):
 
     def outcome_reward(self) -> float:
         return self.outcome if self.done else float("nan")
-
-
-async def run_episode(env: ScriptedGym, policy: Policy, task_id: str, seed: int = 0,
-                      max_turns: int = 32) -> tuple[float, list]:
-    """Plays one episode: ``(total reward, transcript)``; the transcript lists the reset's
-    messages, then each agent message followed by the environment's answers, in order."""
-    reset = await env.reset(task_id, seed)
-    transcript: list = list(reset.messages)
-    total = 0.0
-    for _ in range(int(max_turns)):
-        msg = policy(env)
-        transcript.append(msg)
-        step = await env.step(msg)
-        transcript.extend(step.messages)
-        total += step.reward
-        if step.done:
-            break
-    return total, transcript
 
 
 def pick(rng: random.Random, seq: Sequence):

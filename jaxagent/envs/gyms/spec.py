@@ -3,17 +3,17 @@
 Settings are the run's ``env`` section: ``gym`` (a name of `GYMS`), ``max_steps`` (null: the gym's
 default), ``outcome`` (``graded`` or ``binary``), ``train_tasks`` / ``test_tasks`` / ``task_seed``.
 Demonstrations are the gym's expert (or imitable expert) episodes with random-policy noise
-(`jaxagent.envs.gyms.demos.expert_demos`).
+(`jaxagent.envs.gyms.demos.expert_plan`, played through the episode runner).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from jaxagent.envs.base import CallableEnvFactory, Demo
+from jaxagent.envs.base import CallableEnvFactory
 from jaxagent.envs.gyms import GYMS
 from jaxagent.envs.gyms.common import LABELS, MAX_REWARD, OUTCOMES
-from jaxagent.envs.registry import DemoRequest, EnvContext, EnvSetup, EnvSpec
+from jaxagent.envs.registry import DemoPlan, DemoRequest, EnvContext, EnvSetup, EnvSpec
 
 
 def _check(env: Any) -> None:
@@ -33,11 +33,11 @@ def _build(ctx: EnvContext) -> EnvSetup:
                     spec.make_tasks("test", ctx.test_tasks, ctx.task_seed))
 
 
-def _demos(ctx: EnvContext, setup: EnvSetup, request: DemoRequest) -> list[Demo]:
-    from jaxagent.envs.gyms.demos import expert_demos
+def _demos(ctx: EnvContext, setup: EnvSetup, request: DemoRequest) -> DemoPlan:
+    from jaxagent.envs.gyms.demos import expert_plan
 
-    return expert_demos(ctx.settings.gym, "train", request.n, seed=ctx.task_seed, noise=request.noise,
-                        policy=request.policy)
+    return expert_plan(ctx.settings.gym, "train", request.n, seed=ctx.task_seed, noise=request.noise,
+                       policy=request.policy)
 
 
 GYM = EnvSpec(

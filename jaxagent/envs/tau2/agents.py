@@ -1,9 +1,8 @@
-"""Host-side tau2 retail agents: the oracle, its broken variants, and an OpenAI-compatible endpoint.
+"""Host-side tau2 agents: the oracle, its broken variants, and an OpenAI-compatible endpoint.
 
-An agent here is anything with ``start(task, reset)`` and ``async act(messages) -> AgentMessage``
-(``messages``: the environment's answer to its previous turn); `play` runs one episode of one
-against a `Tau2Env` and returns the environment's report. The local model does not go
-through here: it plays through the rollout loop (`jaxagent.rollout.loop`), token-in/token-out.
+Each is a `jaxagent.envs.base.Agent`: the episode runner (`jaxagent.rollout.runner.play`) plays it
+against a `Tau2Env` and returns the environment's report. The local model plays the same way,
+token-in/token-out (`jaxagent.rollout.loop.PolicyAgent`).
 
 - `OracleAgent` performs the task's gold actions in order, one tool call per turn, each write
   preceded by a message that names every argument and asks the customer to confirm, a transfer
@@ -14,9 +13,12 @@ through here: it plays through the rollout loop (`jaxagent.rollout.loop`), token
   ``missing_write`` (one gold write left out) and ``extra_write`` (an extra successful write: the
   customer's profile address changed, or else one of their pending orders the task leaves alone
   cancelled; made right after the last gold write). The wrong and the extra write are made
-  without asking the customer (who would refuse them, or stop first when the goal was met). Each is checked by replay on a fresh database; a variant
-  that cannot be built for a task (no write to change or leave out) is absent from the result.
-- `oracle_demos` turns the oracle's episodes into SFT demonstrations (``job=sft env=tau2_retail``).
+  without asking the customer (who would refuse them, or stop first when the goal was met). Each
+  is checked by replay on a fresh database; a variant that cannot be built for a task (no write to
+  change or leave out) is absent from the result. The candidates are the domain's
+  (`Domain.broken_plans`; retail's in `jaxagent.envs.tau2.domains.retail.broken`).
+- `oracle_plan`: the oracle's episodes as SFT demonstrations (``job=sft env=tau2_retail``), played
+  through the runner (`jaxagent.rollout.demos.play_demos`).
 - `EndpointAgent` asks an OpenAI-compatible chat-completions server (OpenAI, vLLM, SGLang...) with
   the tools in the request, so an API model or a served checkpoint is scored by the same harness.
   Its settings (``eval.endpoint``) are an `EndpointConfig`: the server and its HTTP policy only.
@@ -27,15 +29,15 @@ through here: it plays through the rollout loop (`jaxagent.rollout.loop`), token
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxagent.envs.base import AgentMessage, EnvMessage, Reset
+from jaxagent.envs.base import Agent, AgentMessage, EnvMessage, Environment, Reset
 from jaxagent.envs.llm_user import LLMUserConfig
+from jaxagent.envs.registry import DemoPlan
 from jaxagent.envs.tau2 import get_domain
 from jaxagent.envs.tau2.tasks import Action, Task
 from jaxagent.text.toolcalls import ToolCall
@@ -71,7 +73,7 @@ def plan_for(task: Task, actions: Sequence[Action], unconfirmed: Sequence[Action
     return turns
 
 
-class ScriptedAgent:
+class ScriptedAgent(Agent):
     """Plays a fixed list of turns; when they run out it repeats the last one."""
 
     def __init__(self, turns: Sequence[AgentMessage]):
@@ -79,25 +81,24 @@ class ScriptedAgent:
             raise ValueError("turns: empty; expected at least one agent message")
         self.turns, self.i = list(turns), 0
 
-    def start(self, task: Task, reset: Reset) -> None:
+    def start(self, task_id: str, reset: Reset, env: Environment) -> None:
         self.i = 0
 
-    async def act(self, messages: Sequence[EnvMessage]) -> AgentMessage:
-        turn = self.turns[min(self.i, len(self.turns) - 1)]
+    async def act(self, turn: int) -> AgentMessage:
+        message = self.turns[min(self.i, len(self.turns) - 1)]
         self.i += 1
-        return turn
-
-    async def aclose(self) -> None:
-        return None
+        return message
 
 
 class OracleAgent(ScriptedAgent):
-    """Performs the task's gold actions (see the module docstring); built per task at `start`."""
+    """Performs the task's gold actions (see the module docstring); built per task at `start` from
+    the environment's task (``env.task``, a `Tau2Env`'s)."""
 
     def __init__(self):
         super().__init__([AgentMessage("(no task)")])
 
-    def start(self, task: Task, reset: Reset) -> None:
+    def start(self, task_id: str, reset: Reset, env: Environment) -> None:
+        task = env.task
         self.turns, self.i = plan_for(task, task.actions), 0
 
 
@@ -167,7 +168,7 @@ def wire_call(call: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
     return name, args if isinstance(args, dict) else None
 
 
-class EndpointAgent:
+class EndpointAgent(Agent):
     """An agent served over an OpenAI-compatible chat-completions API (`LLMUserClient.chat`, with
     its retry policy): the system prompt, the conversation and the tool schemas go in the request;
     the reply's ``tool_calls`` (or its text) come back as the agent's message. Arguments that are
@@ -181,13 +182,14 @@ class EndpointAgent:
         self.tools: list[dict[str, Any]] = []
         self.n_calls = 0
 
-    def start(self, task: Task, reset: Reset) -> None:
-        # The reset messages reach the history through the first `act` (`play` passes them as the
-        # environment's first answer); copying them here too would send them twice.
+    def start(self, task_id: str, reset: Reset, env: Environment) -> None:
         self.history = []
         self.tools = list(reset.tools)
+        self.observe(reset.messages, {})
 
-    async def act(self, messages: Sequence[EnvMessage]) -> AgentMessage:
+    def observe(self, messages: Sequence[EnvMessage], info: Mapping[str, Any]) -> bool:
+        """The environment's messages join the conversation; a tool message gets the id of the call
+        it answers (the last assistant message's calls, in order)."""
         pending = [m for m in self.history if m.get("role") == "assistant" and m.get("tool_calls")]
         ids = [c["id"] for m in pending[-1:] for c in m["tool_calls"]]
         for m in messages:
@@ -195,6 +197,9 @@ class EndpointAgent:
             if m.role == "tool" and ids:
                 chat["tool_call_id"] = ids.pop(0)
             self.history.append(chat)
+        return True
+
+    async def act(self, turn: int) -> AgentMessage:
         reply, _, _ = await self.client.chat(self.history, extra={"tools": self.tools}, require_content=False)
         calls, errors, wire, bad_wire = [], [], [], []
         for c in reply.get("tool_calls") or ():
@@ -219,59 +224,11 @@ class EndpointAgent:
         return None
 
 
-async def play(env, agent, task_id: str, seed: int = 0, *, max_turns: int = 200) -> dict[str, Any]:
-    """One episode of a host agent against ``env``; returns ``env.report()`` (plus ``agent_turns``)."""
-    turns = 0
-    try:
-        reset = await env.reset(task_id, seed)
-        agent.start(env.task, reset)
-        messages: Sequence[EnvMessage] = reset.messages
-        for turns in range(1, max_turns + 1):
-            step = await env.step(await agent.act(messages))
-            if step.done:
-                break
-            messages = step.messages
-    finally:
-        await env.aclose()
-    return dict(env.report(), agent_turns=turns)
-
-
-async def oracle_demo(env, task_id: str):
-    """The oracle's episode on ``task_id`` as an SFT demonstration (`jaxagent.envs.base.Demo`):
-    the reset's messages, each oracle turn (trained on) and the environment's answers, without the
-    final step's answers, exactly as the rollout loop renders an episode."""
-    from jaxagent.envs.base import Demo, agent_message_to_chat
-
-    agent = OracleAgent()
-    try:
-        reset = await env.reset(task_id, 0)
-        agent.start(env.task, reset)
-        messages = [m.to_chat() for m in reset.messages]
-        train = [False] * len(messages)
-        env_messages: Sequence[EnvMessage] = reset.messages
-        for _ in range(len(agent.turns) + 1):
-            msg = await agent.act(env_messages)
-            messages.append(agent_message_to_chat(msg))
-            train.append(True)
-            step = await env.step(msg)
-            if step.done:
-                break
-            env_messages = step.messages
-            messages.extend(m.to_chat() for m in step.messages)
-            train.extend([False] * len(step.messages))
-        reward = env.outcome_reward()
-    finally:
-        await env.aclose()
-    return Demo(task_id, tuple(messages), tuple(train), reward, tuple(reset.tools))
-
-
-def oracle_demos(make_env, task_ids: Sequence[str]) -> list:
-    """`oracle_demo` of every task (one per task: the oracle is deterministic). Synchronous."""
-
-    async def _all():
-        return [await oracle_demo(make_env(), t) for t in task_ids]
-
-    return asyncio.run(_all())
+def oracle_plan(make_env, tasks: Mapping[str, Task], task_ids: Sequence[str]) -> DemoPlan:
+    """The oracle's episode on each of ``task_ids`` (seed 0; it is deterministic) as demonstrations,
+    every oracle turn trained on, at most its plan's length + 1 turns (`play_demos` plays it)."""
+    return DemoPlan(make_env=make_env, episodes=[(t, 0) for t in task_ids], agent=lambda task_id, seed: OracleAgent(),
+                    max_turns=lambda task_id: len(plan_for(tasks[task_id], tasks[task_id].actions)) + 1)
 
 
 __all__ = [
@@ -281,10 +238,8 @@ __all__ = [
     "OracleAgent",
     "ScriptedAgent",
     "broken_plans",
-    "oracle_demo",
-    "oracle_demos",
+    "oracle_plan",
     "plan_for",
-    "play",
     "proposal",
     "wire_call",
 ]

@@ -29,7 +29,11 @@ class Domain:
     - ``tool_schemas()``: the agent's tools as tau2 serves them, byte for byte, in tau2's order;
     - ``scripted_customer(task, view, **kwargs)``: the deterministic customer for offline runs;
     - ``broken_plans(task, data_dir)``: the oracle's broken variants (each must score 0);
-    - ``auth_tools``: the lookups that authenticate the customer (the scripted customer needs them done).
+    - ``auth_tools``: the lookups that authenticate the customer (the scripted customer needs them done);
+    - ``toolkit(db)``: the toolkit object over ``db`` (one method per tool, tau2's names and parameters,
+      raw return values before rendering), for tau2's environment functions (`jaxagent.envs.tau2.replay`);
+    - ``env_functions``: the non-tool methods of tau2's toolkit class that ``toolkit`` reproduces under
+      tau2's names and parameters (initialization actions and env assertions may call them).
     """
 
     name: str
@@ -44,6 +48,8 @@ class Domain:
     broken_plans: Callable[..., dict] | None = None
     task_files: Mapping[str, str] = dataclasses.field(default_factory=lambda: {"train": "tasks_train.json"})
     auth_tools: tuple[str, ...] = ()
+    toolkit: Callable[[dict], Any] | None = None
+    env_functions: frozenset[str] = frozenset()
 
 
 __all__ = ["Domain"]

@@ -9,11 +9,12 @@
 
 `Tau2EnvFactory` builds one `Tau2Env` per episode from the ``env.tau2`` section (domain, customer,
 scoring mode, judge, limits) and keeps them, so that after a run `Tau2EnvFactory.drain` gives every
-episode's report (task, seed, termination, score components, transcript). A local model plays
-through the rollout loop like any environment (`jaxagent.jobs`); host agents (``oracle``,
-``endpoint``) play here (`evaluate_host`), ``eval.concurrency`` episodes at once.
+episode's report (task, seed, termination, score components, transcript). Every agent plays
+through the episode runner (`jaxagent.rollout.runner`): a local model token-in/token-out, host
+agents (``oracle``, ``endpoint``: `jaxagent.envs.tau2.spec`) ``eval.concurrency`` episodes at once.
 
-`per_task` gives one row per task (``tasks.jsonl``); `summarize` turns reports into avg@k figures: ``reward`` (mean episode reward), ``success``
+`per_task` gives one row per task (``tasks.jsonl``); `summarize` turns reports into avg@k figures:
+``reward`` (mean episode reward), ``success``
 (share with reward 1), ``pass_at_k`` (tasks solved by at least one of the k runs), the DB and
 COMMUNICATE component means, terminations, and the scoring mode, which every summary carries
 (``offline`` = DB x COMMUNICATE, not comparable with tau2's leaderboard).
@@ -21,7 +22,6 @@ COMMUNICATE component means, terminations, and the scoring mode, which every sum
 
 from __future__ import annotations
 
-import asyncio
 import collections
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -137,39 +137,6 @@ def per_task(reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-async def evaluate_host(factory: Tau2EnvFactory, make_agent, *, k: int, concurrency: int,
-                        max_turns: int = 200, on_report=None) -> list[dict[str, Any]]:
-    """Every selected task ``k`` times (seeds 0..k-1) with a fresh agent from ``make_agent(env,
-    seed)`` (``env``: the episode's environment); episodes whose simulator or agent endpoint fails
-    after its retries are reported as ``simulator_failure`` (reward 0) and the rest go on.
-    ``on_report(agent, report)``, when given, may add the agent's side to each report."""
-    from jaxagent.envs.tau2.agents import play
-
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(tid: str, seed: int) -> dict[str, Any]:
-        async with sem:
-            env = factory()
-            agent = make_agent(env, seed)
-            try:
-                report = await play(env, agent, tid, seed, max_turns=max_turns)
-            except Exception as e:  # noqa: BLE001 - counted, the evaluation goes on
-                try:
-                    partial = env.report()
-                except Exception:  # noqa: BLE001 - a report of a half-reset episode
-                    partial = {"messages": []}
-                report = dict(partial, task_id=tid, seed=seed, termination="simulator_failure",
-                              score={"reward": 0.0, "components": {}, "scoring_mode": factory.section.scoring},
-                              error=f"{type(e).__name__}: {e}"[:500])
-            finally:
-                await agent.aclose()
-            if on_report is not None:
-                on_report(agent, report)
-            return report
-
-    return list(await asyncio.gather(*(one(t, s) for t in factory.task_ids for s in range(k))))
-
-
 def summary_text(summary: Mapping[str, Any]) -> str:
     """A few lines for the terminal: what ran, the avg@k figures, terminations, where the files are."""
     k = summary["k"]
@@ -187,4 +154,4 @@ def summary_text(summary: Mapping[str, Any]) -> str:
     ])
 
 
-__all__ = ["SCORING_NOTE", "Tau2EnvFactory", "evaluate_host", "per_task", "summarize", "summary_text"]
+__all__ = ["SCORING_NOTE", "Tau2EnvFactory", "per_task", "summarize", "summary_text"]

@@ -13,10 +13,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
-from jaxagent.envs.base import Demo
 from jaxagent.envs.llm_user import LLMUserConfig
-from jaxagent.envs.registry import (DemoRequest, EnvContext, EnvSetup, EnvSpec, HostEvalRequest, HostEvalResult,
-                                    resolve_env)
+from jaxagent.envs.registry import (DemoPlan, DemoRequest, EnvContext, EnvSetup, EnvSpec, HostEval, HostEvalRequest,
+                                    HostEvalResult, resolve_env)
 
 DOMAINS = ("retail",)
 
@@ -71,49 +70,40 @@ def _build(ctx: EnvContext) -> EnvSetup:
     return EnvSetup(factory, ids[: ctx.train_tasks], ids[: ctx.test_tasks])
 
 
-def _demos(ctx: EnvContext, setup: EnvSetup, request: DemoRequest) -> list[Demo]:
+def _demos(ctx: EnvContext, setup: EnvSetup, request: DemoRequest) -> DemoPlan:
     """The oracle's episode on each of the first ``min(train_tasks, n)`` tasks (it is deterministic)."""
-    from jaxagent.envs.tau2.agents import oracle_demos
+    from jaxagent.envs.tau2.agents import oracle_plan
 
     factory = setup.factory
-    return oracle_demos(factory, factory.task_ids[: min(ctx.train_tasks, request.n)])
+    return oracle_plan(factory, factory.tasks, factory.task_ids[: min(ctx.train_tasks, request.n)])
 
 
-def _host_eval(ctx: EnvContext, request: HostEvalRequest) -> HostEvalResult:
-    """The oracle or an OpenAI-compatible endpoint on every selected task, ``k`` times."""
-    import asyncio
-
+def _host_eval(ctx: EnvContext, request: HostEvalRequest, setup: EnvSetup) -> HostEval:
+    """The oracle or an OpenAI-compatible endpoint (at ``request.temperature``, as the local policy
+    samples at eval.temperature) on every selected task, ``k`` times, at most ``max_steps`` turns."""
     from jaxagent.envs.llm_user import LLMUserClient
     from jaxagent.envs.tau2.agents import EndpointAgent, OracleAgent
-    from jaxagent.envs.tau2.harness import Tau2EnvFactory, evaluate_host, per_task, summarize, summary_text
+    from jaxagent.envs.tau2.harness import per_task, summarize, summary_text
 
     section = ctx.settings.tau2
+    factory = setup.factory
+    client = LLMUserClient(request.endpoint.client_config(request.temperature)) if request.agent == "endpoint" else None
 
-    async def main():
-        factory = Tau2EnvFactory(section)
-        factory.record(False)  # the reports come back from `play`
-        # the agent samples at eval.temperature, as the local policy does
-        client = (LLMUserClient(request.endpoint.client_config(request.temperature))
-                  if request.agent == "endpoint" else None)
+    def agent(env, seed):
+        return EndpointAgent(client) if client is not None else OracleAgent()
+
+    def summarise(reports):
+        rows = per_task(reports)
+        summary = {"customer": section.customer, **summarize(reports, scoring_mode=section.scoring, k=request.k)}
+        summary["pass_hat_k"] = sum(r["success"] >= 1.0 for r in rows) / len(rows)  # tau2's pass^k: all k runs
+        return HostEvalResult(rows, summary, summary_text)
+
+    async def aclose():
+        await factory.aclose()
         if client is not None:
-            def make_agent(env, seed):
-                return EndpointAgent(client)
-        else:
-            def make_agent(env, seed):
-                return OracleAgent()
-        try:
-            return await evaluate_host(factory, make_agent, k=request.k, concurrency=request.concurrency,
-                                       max_turns=section.max_steps)
-        finally:
-            await factory.aclose()
-            if client is not None:
-                await client.aclose()
+            await client.aclose()
 
-    reports = asyncio.run(main())
-    rows = per_task(reports)
-    summary = {"customer": section.customer, **summarize(reports, scoring_mode=section.scoring, k=request.k)}
-    summary["pass_hat_k"] = sum(r["success"] >= 1.0 for r in rows) / len(rows)  # tau2's pass^k: all k runs
-    return HostEvalResult(reports, rows, summary, summary_text)
+    return HostEval(agent, list(factory.task_ids), section.max_steps, summarise, aclose)
 
 
 def _check_retail(env: Any) -> None:

@@ -5,11 +5,18 @@ from jaxagent.envs.tau2.domain import Domain
 from jaxagent.envs.tau2.domains.retail.broken import broken_plans
 from jaxagent.envs.tau2.domains.retail.customer import AUTH_TOOLS, ScriptedCustomer
 from jaxagent.envs.tau2.domains.retail.db import DEFAULT_DATA_DIR, TASKS_FILE, load_db, load_policy
-from jaxagent.envs.tau2.domains.retail.tools import READ_TOOLS, WRITE_TOOLS, execute, tool_schemas
+from jaxagent.envs.tau2.domains.retail.tools import (
+    ENV_FUNCTIONS,
+    READ_TOOLS,
+    WRITE_TOOLS,
+    RetailTools,
+    execute,
+    tool_schemas,
+)
 
 RETAIL = Domain(name="retail", data_dir=DEFAULT_DATA_DIR, load_db=load_db, load_policy=load_policy, execute=execute,
                 write_tools=WRITE_TOOLS, read_tools=READ_TOOLS, tool_schemas=tool_schemas,
                 scripted_customer=ScriptedCustomer, broken_plans=broken_plans, task_files={"train": TASKS_FILE},
-                auth_tools=AUTH_TOOLS)
+                auth_tools=AUTH_TOOLS, toolkit=RetailTools, env_functions=ENV_FUNCTIONS)
 
 __all__ = ["RETAIL"]

@@ -32,8 +32,19 @@ from typing import Any
 from jaxagent.envs.tau2.domains.retail.db import DEFAULT_DATA_DIR
 from jaxagent.envs.tau2.tools import ToolError, ToolResult, calculate, check_schemas, run_tool
 
-__all__ = ["CANCEL_REASONS", "GENERIC_TOOLS", "READ_TOOLS", "TOOL_NAMES", "WRITE_TOOLS", "TOOL_SCHEMAS_FILE",
-           "RetailTools", "check_tool_schemas", "execute", "tool_schemas"]
+__all__ = [
+    "CANCEL_REASONS",
+    "ENV_FUNCTIONS",
+    "GENERIC_TOOLS",
+    "READ_TOOLS",
+    "TOOL_NAMES",
+    "TOOL_SCHEMAS_FILE",
+    "WRITE_TOOLS",
+    "RetailTools",
+    "check_tool_schemas",
+    "execute",
+    "tool_schemas",
+]
 
 CANCEL_REASONS: tuple[str, ...] = ("no longer needed", "ordered by mistake")
 WRITE_TOOLS: frozenset[str] = frozenset({
@@ -47,6 +58,11 @@ READ_TOOLS: frozenset[str] = frozenset({
 GENERIC_TOOLS: frozenset[str] = frozenset({"calculate", "transfer_to_human_agents"})
 TOOL_NAMES: tuple[str, ...] = tuple(sorted(WRITE_TOOLS | READ_TOOLS | GENERIC_TOOLS))
 """All 16 tool names, sorted."""
+ENV_FUNCTIONS: frozenset[str] = frozenset({
+    "_get_order", "_get_user", "_get_product", "_get_item", "_get_variant", "_get_payment_method",
+    "_is_pending_order"})
+"""The non-tool methods of tau2's ``RetailTools`` (same names and parameters here), which tau2's
+environment functions (initialization actions, env assertions) may call."""
 
 ADDRESS_FIELDS: tuple[str, ...] = ("address1", "address2", "city", "country", "state", "zip")
 
@@ -112,6 +128,11 @@ class RetailTools:
         if payment_method_id not in user["payment_methods"]:
             raise ToolError("Payment method not found")
         return user["payment_methods"][payment_method_id]
+
+    def _is_pending_order(self, order: Any) -> bool:
+        """tau2's helper, reached only as an environment function: ``"pending" in order.status`` (a JSON
+        object has no ``status`` attribute, so it raises Python's AttributeError there, as tau2's does)."""
+        return "pending" in order.status
 
     # -- generic ----------------------------------------------------------------------------------
 

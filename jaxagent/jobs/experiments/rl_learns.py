@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from jaxagent.eval.stats import paired_bca, percentile_interval
-from jaxagent.jobs import credit_grid as cc
+from jaxagent.jobs.experiments import credit_grid as cc
 
 #: The warm start: the quickstart's SFT (600 steps on the imitable demonstrations with noise).
 SFT_SETTINGS = ("sft.steps=600", "eval.sampled_k=0")
@@ -141,7 +141,8 @@ def curves(runs: Mapping[int, Mapping[str, Any]], *, n_boot: int) -> list[dict[s
     return out
 
 
-def steps_to_threshold(rl: Sequence[Mapping[str, Any]], threshold: float = THRESHOLD, smooth: int = SMOOTH) -> int | None:
+def steps_to_threshold(rl: Sequence[Mapping[str, Any]], threshold: float = THRESHOLD,
+                       smooth: int = SMOOTH) -> int | None:
     """The first iteration i (0-based, i >= smooth - 1) with mean(success[i - smooth + 1 : i + 1]) >=
     threshold (training success of each RL iteration's rollouts: full windows only); None when none
     reaches it (censored). `compare_credit.steps_to_threshold` on the moving means."""
@@ -221,8 +222,9 @@ def summarize(runs: Mapping[int, Mapping[str, Any]], *, n_boot: int) -> dict[str
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="scripts/bench_rl_learns.py", description=__doc__.split("\n\n")[0],
-                                 epilog="A key=value argument is a jaxagent.launch override of the RL runs (after LEARNING); "
-                                        "--sft key=value one of the SFT warm starts (after SFT_SETTINGS), "
+                                 epilog="A key=value argument is a jaxagent.launch override of the RL runs "
+                                        "(after LEARNING); --sft key=value one of the SFT warm starts "
+                                        "(after SFT_SETTINGS), "
                                         "so a change of RL settings reuses the warm starts.")
     ap.add_argument("--gym", default="intention")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated integers")
@@ -236,13 +238,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="comma-separated compare_credit conditions; grpo and control always run "
                          "(e.g. grpo,control,infopo,faca,infopo+faca: the credit grid at these settings)")
     ap.add_argument("--sft", action="append", default=[], metavar="key=value",
-                    help="an override of the SFT warm starts (repeatable); plain key=value arguments reach the RL runs only")
+                    help="an override of the SFT warm starts (repeatable); "
+                         "plain key=value arguments reach the RL runs only")
     ap.add_argument("overrides", nargs="*", metavar="key=value")
     args = ap.parse_args(argv)
     bad = [o for o in [*args.overrides, *args.sft] if "=" not in o]
     if bad:
         ap.error(f"argument {bad[0]!r}: expected key=value")
-    own = [o for o in [*args.overrides, *args.sft] if cc._key(o) in cc.OWN_KEYS]
+    own = [o for o in [*args.overrides, *args.sft] if cc.override_key(o) in cc.OWN_KEYS]
     if own:
         ap.error(f"{own[0]!r}: set by the script")
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -281,7 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary["credit"] = credit_table(runs, args.conditions, n_boot=args.bootstrap)
     summary.update(threshold=THRESHOLD, threshold_smooth=SMOOTH)
     summary.update(command="python3 scripts/bench_rl_learns.py" + (" " + " ".join(argv) if argv else ""),
-                   gym=args.gym, sft_settings=user, rl_settings=[*LEARNING, *args.overrides], failed=failed, wall_s=time.perf_counter() - t0,
+                   gym=args.gym, sft_settings=user, rl_settings=[*LEARNING, *args.overrides], failed=failed,
+                   wall_s=time.perf_counter() - t0,
                    date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), machine=cc.machine())
     print(json.dumps(summary))
     return 1 if failed else 0

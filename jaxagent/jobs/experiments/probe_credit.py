@@ -37,9 +37,7 @@ import numpy as np
 
 from jaxagent import jobs
 from jaxagent.jobs.config import load_config
-from jaxagent.jobs.phases import trainable
-from jaxagent.train.rl import RLTrainer
-from jaxagent.train.step import TrainState, make_optimizer
+from jaxagent.jobs.phases import build_trainer
 
 
 def episode_pushes(A_BL: np.ndarray, A_ext_B: np.ndarray, loss_mask_BL: np.ndarray):
@@ -103,11 +101,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"rl.credit={cfg.rl.credit!r}: this probe reads InfoPO's info term alone; expected infopo")
     shutil.rmtree(Path(cfg.runs_dir) / cfg.name, ignore_errors=True)
     run = jobs.prepare(cfg)
-    tx = make_optimizer(cfg.optim)
-    trainer = RLTrainer(TrainState.create(run.params, tx, trainable=trainable(run.qcfg)), tx, config=run.qcfg, tokenizer=run.tok,
-                        make_env=run.make_env, settings=cfg.rl, ppo=cfg.ppo,
-                        sampling=jobs.sampling_params(cfg, run.tok), episode=jobs.episode_config(cfg),
-                        engine=run.engine, infopo=cfg.infopo, grpo=cfg.grpo)
+    trainer = build_trainer(run, run.params)
     rng = np.random.default_rng(cfg.seed)
     order = rng.permutation(len(run.train_tasks))
     n = cfg.rl.tasks_per_step
@@ -127,11 +121,13 @@ def main(argv=None) -> int:
         cols["group"] += [b * n + t.group_id for t in trajs]
     out = summarise(cols["push"], cols["n"], cols["reward"], cols["group"], cfg.rl.success_threshold)
     n_tok = float(np.sum(cols["n"]))
-    out.update(l1_per_token={"info": float(np.sum(cols["info_l1"]) / n_tok), "ext": float(np.sum(cols["ext_l1"]) / n_tok)},
+    out.update(l1_per_token={"info": float(np.sum(cols["info_l1"]) / n_tok),
+                             "ext": float(np.sum(cols["ext_l1"]) / n_tok)},
                cancelling_share=float(1 - np.abs(cols["push"]).sum() / max(np.sum(cols["info_l1"]), 1e-12)),
                a_info_by_turn=by_turn(np.concatenate(a_info), np.concatenate(valid)))
-    out.update(model=cfg.model.path, normalize_by=cfg.infopo.normalize_by, credit=cfg.rl.credit, infopo_negative_weight=cfg.infopo.negative_weight,
-               grpo_negative_weight=cfg.grpo.negative_weight, batches=args.batches)
+    out.update(model=cfg.model.path, normalize_by=cfg.infopo.normalize_by, credit=cfg.rl.credit,
+               infopo_negative_weight=cfg.infopo.negative_weight, grpo_negative_weight=cfg.grpo.negative_weight,
+               batches=args.batches)
     print(json.dumps(out), flush=True)
     return 0
 
