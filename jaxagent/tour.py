@@ -37,7 +37,8 @@ from jaxagent.models import (
 )
 from jaxagent.models.generate import SamplingParams, generate_from_prompts
 from jaxagent.models.qwen import init_params
-from jaxagent.models.sharding import batch_sharding, init_params_sharded
+from jaxagent.models.sharding import batch_sharding
+from jaxagent.models.placement import init_params_sharded
 
 
 def _parse_mesh(text: str) -> MeshConfig:

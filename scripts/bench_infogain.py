@@ -5,7 +5,7 @@ trajectories, with the ratios, and the largest disagreement between modes.
     python3 scripts/bench_infogain.py                       # small-qwen2, 4 x 16-turn trajectories, CPU
     python3 scripts/bench_infogain.py --shape qwen2.5-1.5b --batch 8 --dtype bfloat16   # on a GPU
 
-Trajectories are synthetic (`jaxagent.rollout.synthetic.synthetic_batch`) with agent-dialogue
+Trajectories are synthetic (`jaxagent.train.synthetic.synthetic_batch`) with agent-dialogue
 lengths (defaults below: a 200-400 token prompt; per turn an action of 15-50 tokens, template
 tokens, and feedback of 40-120 tokens, empty 10% of the time). Each mode is run once to compile
 and then ``--iters`` times; medians are reported. ``naive`` runs two forwards per turn on the
@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.credit.batch import infogain_valid_turns
-from jaxagent.rollout.batch import packed_length
+from jaxagent.train.batch import packed_length
 from jaxagent.train.infogain import compute_infogain
-from jaxagent.rollout.synthetic import synthetic_batch
+from jaxagent.train.synthetic import synthetic_batch
 from jaxagent.models import DTypePolicy, init_params, preset, preset_names, token_logprobs
 
 

@@ -56,11 +56,11 @@ import numpy as np
 from jaxagent.jobs.config import load_config
 from jaxagent.configlib import ConfigError
 from jaxagent.credit.batch import infogain_valid_turns
-from jaxagent.rollout.batch import packed_length
+from jaxagent.train.batch import packed_length
 from jaxagent.train.infogain import compute_infogain
 from jaxagent.models import LogicalRules, make_mesh, preset_names
 from jaxagent.rollout.engine import GenerationEngine
-from jaxagent.rollout.trajectory import collate
+from jaxagent.train.collate import collate
 from jaxagent.jobs import (
     build_env,
     build_model,

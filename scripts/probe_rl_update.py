@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from jaxagent.jobs.config import load_config  # noqa: E402
-from jaxagent.rollout.trajectory import collate  # noqa: E402
+from jaxagent.train.collate import collate  # noqa: E402
 from jaxagent import jobs  # noqa: E402
 from jaxagent.train.rl import RLTrainer  # noqa: E402
 from jaxagent.train.step import OptimSettings, TrainState, make_optimizer  # noqa: E402

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import HealthCheck, settings
 
-from jaxagent.rollout.batch import Row
-from jaxagent.rollout.batch import build_batch as build_host_batch
+from jaxagent.train.batch import Row
+from jaxagent.train.batch import build_batch as build_host_batch
 from jaxagent.credit.reaction import (
     polarity_of,
 )

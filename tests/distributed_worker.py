@@ -39,8 +39,9 @@ from jaxagent.credit.losses import PPOConfig  # noqa: E402
 from jaxagent.credit.reaction import FacaConfig  # noqa: E402
 from jaxagent.models import LogicalRules, make_mesh, preset  # noqa: E402
 from jaxagent.models.generate import SamplingParams  # noqa: E402
-from jaxagent.models.sharding import MeshConfig, batch_sharding, init_params_sharded, initialize_distributed  # noqa: E402
-from jaxagent.rollout.batch import Row, build_batch  # noqa: E402
+from jaxagent.models.sharding import MeshConfig, batch_sharding, initialize_distributed
+from jaxagent.models.placement import init_params_sharded
+from jaxagent.train.batch import Row, build_batch  # noqa: E402
 from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.rollout.trajectory import from_jsonl  # noqa: E402
 from jaxagent.text import load_tokenizer  # noqa: E402

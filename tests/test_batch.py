@@ -1,11 +1,11 @@
-"""The one host batch builder (`jaxagent.rollout.batch`): a two-row batch laid out by hand, the
+"""The one host batch builder (`jaxagent.train.batch`): a two-row batch laid out by hand, the
 defaults (loss on the actions, no feedback), errors that name the row, and the packed info-gain
 length from the host arrays equal to the device batch's."""
 
 import numpy as np
 import pytest
 
-from jaxagent.rollout.batch import Row, build_batch, packed_length
+from jaxagent.train.batch import Row, build_batch, packed_length
 
 
 def test_two_rows_by_hand():

@@ -161,7 +161,7 @@ def blockwise_calls(monkeypatch):
 
 def test_the_shared_prefix_infogain_scorer_with_blockwise_attention(blockwise_calls):
     """The arbitrary [B, L, L] masks of the packed counterfactual layout, and padding."""
-    from jaxagent.rollout.synthetic import synthetic_batch
+    from jaxagent.train.synthetic import synthetic_batch
     from jaxagent.train.infogain import compute_infogain
 
     batch = synthetic_batch(np.random.default_rng(1), batch=3, length=72, turns=6, vocab=64)

@@ -12,7 +12,8 @@ import pytest
 
 from jaxagent.credit.losses import dpo_loss
 from jaxagent.models import ConfigError, LogicalRules, MeshConfig, forward, init_params, make_mesh, preset
-from jaxagent.models.sharding import batch_sharding, param_shardings
+from jaxagent.models.sharding import batch_sharding
+from jaxagent.models.placement import param_shardings
 from jaxagent.train.dpo import (
     DPO_AGG,
     DPOSettings,

@@ -12,7 +12,7 @@ from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
 from jaxagent.envs.tau2.agents import OracleAgent
 from jaxagent.envs.tau2.harness import Tau2EnvFactory
 from jaxagent.envs.user_env import LLMUserEnv, LLMUserEnvFactory
-from jaxagent.jobs.config import Tau2Section
+from jaxagent.envs.tau2.spec import Tau2Section
 from jaxagent.rollout.runner import play
 
 

@@ -15,7 +15,8 @@ from examples.pizza_desk import PIZZA_DESK, PizzaDesk, PizzaSettings, task_ids, 
 from jaxagent import configlib
 from jaxagent.envs.base import AgentMessage
 from jaxagent.envs.registry import DemoRequest, EnvContext, resolve_env
-from jaxagent.jobs.config import env_settings, load_config
+from jaxagent.jobs.sections import env_settings
+from jaxagent.jobs.config import load_config
 from jaxagent.rollout.demos import play_demos
 from jaxagent.text.toolcalls import ToolCall
 

@@ -11,8 +11,8 @@ import pytest
 
 from jaxagent.credit.batch import CreditBatch
 from jaxagent.credit.infogain import infogain_shared_prefix, infogain_valid_turns
-from jaxagent.rollout.batch import packed_length
-from jaxagent.rollout.synthetic import synthetic_batch
+from jaxagent.train.batch import packed_length
+from jaxagent.train.synthetic import synthetic_batch
 from jaxagent.train.infogain import compute_infogain
 from jaxagent.models import init_params, preset, token_logprobs
 

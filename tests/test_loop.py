@@ -10,7 +10,7 @@ import numpy as np
 from jaxagent.envs.gyms import GYMS
 from jaxagent.models import init_params, preset
 from jaxagent.models.generate import SamplingParams
-from jaxagent.rollout import collate
+from jaxagent.train.collate import collate
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.rollout.loop import run_episodes

@@ -27,7 +27,7 @@ from jaxagent.envs.gyms.common import act, answer
 from jaxagent.envs.gyms.intention import DOMAINS
 from jaxagent.models import init_params, preset
 from jaxagent.models.generate import SamplingParams
-from jaxagent.rollout import collate
+from jaxagent.train.collate import collate
 from jaxagent.rollout.engine import EngineResult, GenerationEngine
 from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.rollout.loop import run_episode

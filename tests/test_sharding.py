@@ -32,7 +32,8 @@ from jaxagent.models import (
     shard_params,
     token_logprobs,
 )
-from jaxagent.models.sharding import DEFAULT_RULES, batch_sharding, constrain, init_params_sharded
+from jaxagent.models.sharding import DEFAULT_RULES, batch_sharding, constrain
+from jaxagent.models.placement import init_params_sharded
 
 PRESETS = ("tiny-qwen2", "tiny-qwen3")
 # (data, fsdp, tensor); all use the 8 devices.

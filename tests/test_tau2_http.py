@@ -310,7 +310,7 @@ def test_a_judge_failure_is_retried_and_the_ending_resumes():
 
 
 def test_evaluate_host_contains_a_failing_reset(monkeypatch):
-    from jaxagent.jobs.config import Tau2Section
+    from jaxagent.envs.tau2.spec import Tau2Section
     from jaxagent.envs.tau2 import env as env_module
     from jaxagent.envs.tau2.harness import Tau2EnvFactory
     from jaxagent.rollout.runner import play_tasks

@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 
 from jaxagent import configlib
-from jaxagent.jobs.config import Tau2Section, load_config
+from jaxagent.envs.tau2.spec import Tau2Section
+from jaxagent.jobs.config import load_config
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.credit.reaction import DEFAULT_POLARITY
 from jaxagent.envs.tau2.harness import Tau2EnvFactory, per_task, summarize
 from jaxagent.launch import expand_alias, main
 from jaxagent.models import init_params, preset
 from jaxagent.models.generate import SamplingParams
-from jaxagent.rollout import collate
+from jaxagent.train.collate import collate
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.rollout.loop import run_episodes

@@ -9,7 +9,8 @@ import pytest
 
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.models import LogicalRules, MeshConfig, init_params, make_mesh, preset, token_logprobs
-from jaxagent.models.sharding import batch_sharding, param_shardings
+from jaxagent.models.sharding import batch_sharding
+from jaxagent.models.placement import param_shardings
 from jaxagent.train.step import (OptimSettings, StepShardings, TrainState, learning_rate, make_optimizer, make_update,
                                  place_on_mesh, ppo_loss_fn, sequence_scores, sft_loss_fn)
 

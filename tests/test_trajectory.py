@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jaxagent.rollout import Trajectory, collate, from_jsonl, to_jsonl
+from jaxagent.rollout import Trajectory, from_jsonl, to_jsonl
+from jaxagent.train.collate import collate
 from jaxagent.text import ChatRenderer, load_tokenizer
 from tests.conftest import FIXTURES
 

@@ -225,12 +225,12 @@ def infogain_shared_prefix(
 ) -> InfoGainOutput:
     """One packed teacher-forcing pass per trajectory: the trajectory, then each valid turn's
     counterfactual suffix. Returns r_info and, as a by-product, the trajectories' next-token
-    log-probs (``factual_logp_BL``). ``packed_len`` (static) from `jaxagent.rollout.batch.packed_length`.
+    log-probs (``factual_logp_BL``). ``packed_len`` (static) from `jaxagent.train.batch.packed_length`.
     ``row_chunk``: packed rows scored at a time (see `token_logprobs`)."""
     B, L = batch.tokens_BL.shape
     if packed_len < L:
         raise ValueError(f"packed_len={packed_len}: expected >= the trajectory length {L} "
-                         "(see jaxagent.rollout.batch.packed_length)")
+                         "(see jaxagent.train.batch.packed_length)")
     valid = infogain_valid_turns(batch)
 
     def packed_logprobs(rows: CreditBatch):  # layout and pass for some rows: their [b, Lp, Lp] masks only

@@ -61,7 +61,7 @@ from typing import Any, Self
 
 import aiohttp
 
-from jaxagent.envs.base import FAILURE_KINDS, CallStats, active_call_stats, collect_call_stats
+from jaxagent.envs.base import CallStats, active_call_stats
 from jaxagent.envs.user_config import LLMUserConfig
 from jaxagent.envs.user_prompt import flip_roles, render_system_prompt
 from jaxagent.envs.user_reply import parse_reply

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from jaxagent.eval.qd_stats import compare_arms
-from jaxagent.eval.report import _new_figure, _save
+from jaxagent.eval.report import new_figure, save_figure
 from jaxagent.qd import metrics as M
 from jaxagent.qd.graphs import NeedGraph
 from jaxagent.qd.transcript import QDRun
@@ -163,7 +163,7 @@ def plot(summary: Mapping[str, Any], out_dir: Path) -> list[Path]:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    fig, (ax,) = _new_figure()
+    fig, (ax,) = new_figure()
     for arm, s in arms.items():
         pts = s.get("frontier") or []
         if pts:
@@ -176,8 +176,8 @@ def plot(summary: Mapping[str, Any], out_dir: Path) -> list[Path]:
            title=f"{summary.get('benchmark')}: budget frontier ({summary.get('tasks')} tasks)")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
-    written.append(_save(fig, out_dir / "frontier.png"))
-    fig, (ax,) = _new_figure()
+    written.append(save_figure(fig, out_dir / "frontier.png"))
+    fig, (ax,) = new_figure()
     width = 0.8 / len(arms)
     for j, (arm, s) in enumerate(arms.items()):
         cells = s.get("coverage_by_depth") or {}
@@ -191,7 +191,7 @@ def plot(summary: Mapping[str, Any], out_dir: Path) -> list[Path]:
            title=f"{summary.get('benchmark')}: coverage by depth (drafter: {summary.get('drafter')})")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
-    written.append(_save(fig, out_dir / "coverage_by_depth.png"))
+    written.append(save_figure(fig, out_dir / "coverage_by_depth.png"))
     return written
 
 

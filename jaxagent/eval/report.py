@@ -221,7 +221,8 @@ def _eval_x(rec: Mapping[str, Any], rl_steps: np.ndarray, sft: bool = False) -> 
     return float(rec.get("step", 0))
 
 
-def _new_figure(nrows: int = 1, height: float = 4.5):
+def new_figure(nrows: int = 1, height: float = 4.5):
+    """A figure of ``nrows`` stacked axes (Agg canvas, no display), the report plots' common size."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -231,7 +232,8 @@ def _new_figure(nrows: int = 1, height: float = 4.5):
     return fig, axes
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
+    """``fig`` as a PNG at ``path`` (no software stamp: the same plot writes the same bytes)."""
     fig.savefig(path, format="png", metadata={"Software": None})
     return path
 
@@ -272,7 +274,7 @@ def reward_figure(metrics: Sequence[Mapping[str, Any]]):
     from matplotlib.ticker import FuncFormatter
 
     did_sft = bool(sft) and len(x) > 0
-    fig, (ax,) = _new_figure()
+    fig, (ax,) = new_figure()
     if did_sft:
         ax.axvspan(-1.0, 0.0, color="0.85", alpha=0.6, lw=0, label="SFT (between the first eval and RL)")
         ax.axvline(0.0, color="0.3", ls="--", lw=1.0, label="RL starts (after SFT)")
@@ -318,7 +320,7 @@ def turns_length_figure(metrics: Sequence[Mapping[str, Any]]):
     turns, tokens = _series(rl, "turns"), _series(rl, "response_tokens")
     if not (np.isfinite(turns).any() or np.isfinite(tokens).any()):
         return None
-    fig, (ax1, ax2) = _new_figure(2, height=6)
+    fig, (ax1, ax2) = new_figure(2, height=6)
     ax1.plot(x, turns, color="tab:purple", lw=1.5)
     ax1.set_ylabel("turns / episode")
     ax1.set_title("Episode turns and response length")
@@ -360,7 +362,7 @@ def diagnostics_figure(metrics: Sequence[Mapping[str, Any]]):
     panels = [p for p in panels if p[2]]
     if not panels:
         return None
-    fig, axes = _new_figure(len(panels), height=max(3.5, 2.6 * len(panels)))
+    fig, axes = new_figure(len(panels), height=max(3.5, 2.6 * len(panels)))
     for ax, (title, ylabel, curves, rate) in zip(axes, panels):
         for _, label, values in curves:
             ax.plot(x, values, lw=1.5, marker=".", label=label)
@@ -386,7 +388,7 @@ def infogain_figure(metrics: Sequence[Mapping[str, Any]]):
     import matplotlib
     from matplotlib.colors import TwoSlopeNorm
 
-    fig, (ax,) = _new_figure()
+    fig, (ax,) = new_figure()
     vals = grid[np.isfinite(grid)]
     lo, hi = (float(vals.min()), float(vals.max())) if vals.size else (0.0, 1.0)
     if lo < 0 < hi:
@@ -419,7 +421,7 @@ def sft_loss_figure(metrics: Sequence[Mapping[str, Any]]):
     loss, nll = _series(sft, "loss"), _series(sft, "nll")
     if not (np.isfinite(loss).any() or np.isfinite(nll).any()):
         return None
-    fig, (ax,) = _new_figure()
+    fig, (ax,) = new_figure()
     xs = _steps(sft)
     if np.isfinite(loss).any():
         ax.plot(xs, loss, color="tab:blue", lw=1.5, label="loss")
@@ -450,7 +452,7 @@ def plot_run(metrics: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[
         fig = make(metrics)
         if fig is not None:
             out.mkdir(parents=True, exist_ok=True)
-            written.append(_save(fig, out / name))
+            written.append(save_figure(fig, out / name))
     return written
 
 

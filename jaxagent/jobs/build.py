@@ -13,12 +13,13 @@ import numpy as np
 
 from jaxagent import configlib
 from jaxagent.envs.base import EnvFactory
-from jaxagent.jobs.config import BUILTIN_TOKENIZER, RunConfig
+from jaxagent.jobs.sections import BUILTIN_TOKENIZER
+from jaxagent.jobs.config import RunConfig
 from jaxagent.jobs.runlog import RunLog
 from jaxagent.models import DTypePolicy, LogicalRules, QwenConfig, make_mesh, preset
 from jaxagent.models.generate import SamplingParams
 from jaxagent.models.hf import load_pretrained
-from jaxagent.models.sharding import init_params_sharded
+from jaxagent.models.placement import init_params_sharded
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.rollout.processes import ProcessGroup

@@ -2,11 +2,12 @@
 
 The defaults ARE the quickstart (``python -m jaxagent.launch`` with no arguments): a tiny
 Qwen-architecture model over the gyms' small tokenizer, an SFT warm start on expert
-demonstrations mixed with noise, then InfoPO RL on the intention gym, on whatever CPU runs it.
+demonstrations mixed with noise, then RL (GRPO) on the intention gym, on whatever CPU runs it.
 Files in ``configs/`` change what differs from it (the paper-scale settings, other gyms, an LLM
 user over HTTP). Sections reuse the library's own frozen settings classes (`PPOConfig`,
 `InfoPOConfig`, `FacaConfig`, `GRPOConfig`, `OptimSettings`, `RLSettings`, `MeshConfig`,
-`LLMUserConfig`), so a field is validated in one place.
+`LLMUserConfig`), so a field is validated in one place. The general sections are in
+`jaxagent.jobs.sections`; here are the serving and Q&D sections and the run config itself.
 
     cfg = load_config("configs/infopo_7b.yaml", ["optim.lr=1e-6", "rl.group_size=8"])
 """
@@ -14,9 +15,8 @@ user over HTTP). Sections reuse the library's own frozen settings classes (`PPOC
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from jaxagent import configlib
 from jaxagent.credit.infopo import InfoPOConfig
@@ -24,294 +24,18 @@ from jaxagent.credit.grpo import GRPOConfig
 from jaxagent.credit.losses import PPOConfig
 from jaxagent.credit.reaction import FacaConfig
 from jaxagent.envs.llm_user import LLMUserConfig
-from jaxagent.envs.registry import EnvContext, EnvSpec, resolve_env
-from jaxagent.envs.tau2.agents import EndpointConfig
-from jaxagent.envs.tau2.spec import Tau2Section, tau2_domain
+from jaxagent.envs.registry import EnvContext
+from jaxagent.envs.tau2.spec import tau2_domain
 from jaxagent.jobs.registry import job_names
+from jaxagent.jobs.sections import (BUILTIN_TOKENIZER, CheckpointSection, DPOSection, EnvSection,
+                                    EvalSection, ModelSection, RolloutSection, SFTSection, at_least,
+                                    env_settings, helped, number_in)
 from jaxagent.models.sharding import MeshConfig
 from jaxagent.train.rl import RLSettings
 from jaxagent.train.step import OptimSettings
 
-GYM_NAMES = ("intention", "telepathy", "function", "preference")
-BUILTIN_TOKENIZER = "builtin:gyms"
 
 _field = dataclasses.field
-
-
-def _at_least(name: str, value: int, lo: int, what: str | None = None) -> None:
-    if value < lo:
-        raise ValueError(f"{name}={value}: expected {what or f'an integer >= {lo}'}")
-
-
-def _number_in(name: str, value: float, *, lo: float, lo_open: bool = False, hi: float = math.inf, what: str) -> None:
-    if not (math.isfinite(value) and (value > lo if lo_open else value >= lo) and value <= hi):
-        raise ValueError(f"{name}={value}: expected {what}")
-
-
-def _help(default, text: str):
-    return _field(default=default, metadata={"help": text})
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraSection:
-    """``model.lora``: a LoRA adapter trained beside the frozen base (jaxagent.models.lora)."""
-
-    rank: int = _help(0, "the adapter's rank (0: no adapter, every parameter trained)")
-    alpha: float = _help(16.0, "the scale is alpha / rank")
-    dropout: float = _help(0.0, "dropout on each adapted projection's input (training only)")
-    targets: tuple[str, ...] = _help(("q", "k", "v", "o", "gate", "up", "down"), "the adapted projections")
-    init_seed: int = _help(0, "the adapter's random A (B starts at 0: a fresh adapter changes nothing)")
-
-    def __post_init__(self) -> None:
-        _at_least("rank", self.rank, 0)
-        if self.rank:
-            self.spec()  # checks alpha, dropout and targets, naming lora.<field>
-
-    def spec(self):
-        from jaxagent.models.config import LoraSpec
-
-        return LoraSpec(rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=tuple(self.targets))
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSection:
-    preset: str = _help("tiny-qwen2", "a preset name (see --help) used when path is null")
-    path: str | None = _help(None, "a local Hugging Face checkpoint directory (Qwen2/2.5/3)")
-    hidden_size: int | None = None
-    num_hidden_layers: int | None = None
-    intermediate_size: int | None = None
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    dtype: Literal["float32", "bfloat16"] = _help("float32", "compute dtype")
-    param_dtype: Literal["float32", "bfloat16"] = "float32"
-    remat: Literal["none", "full", "dots"] = "none"
-    attn_impl: Literal["auto", "xla", "cudnn", "blockwise", "splash"] = _help(
-        "auto", "attention: xla (L x S scores), cudnn (GPU, 16-bit), blockwise (memory linear in L), splash (TPU: "
-        "the Pallas splash kernel where it applies, else blockwise); auto: blockwise on a CPU, cudnn on a GPU for "
-        "16-bit compute, splash on a TPU (else xla there), else xla")
-    init_seed: int = 0
-    initializer_range: float | None = _help(
-        None, "std of the random initial weights (presets only; null: the preset's, 0.02 as transformers)")
-    lora: LoraSection = _field(default_factory=LoraSection)
-
-    def __post_init__(self) -> None:
-        from jaxagent.models import preset_names
-
-        if self.initializer_range is not None and not self.initializer_range > 0:
-            raise ValueError(f"initializer_range={self.initializer_range}: expected a positive number or null")
-
-        if self.path is None and self.preset not in preset_names():
-            raise ValueError(f"preset={self.preset!r}: expected one of {', '.join(preset_names())} "
-                             "(or set model.path to a checkpoint directory)")
-        for f in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-                  "num_key_value_heads", "head_dim"):
-            v = getattr(self, f)
-            if v is not None and v < 1:
-                raise ValueError(f"{f}={v}: expected a positive integer or null")
-            if v is not None and self.path is not None:
-                raise ValueError(f"{f}={v}: shape overrides apply to presets only, not to model.path")
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvSection:
-    kind: str = _help(
-        "gym", "the environment family: a registered name (see --help: gym, llm_user, tau2, tau2_retail, ...) or "
-               "package.module:NAME, a user's EnvSpec (docs/ENVIRONMENTS.md)")
-    gym: str = _help("intention", "kind=gym: the gym (" + ", ".join(GYM_NAMES) + ")")
-    max_steps: int | None = _help(None, "gym steps before the user gives up (null: the gym's default)")
-    outcome: Literal["graded", "binary"] = _help(
-        "graded", "gym outcome: graded (partial credit) or binary (1 for a full answer, else 0: more groups "
-                  "whose outcomes are all equal, where only turn-level credit discriminates)")
-    train_tasks: int = 512
-    test_tasks: int = 64
-    task_seed: int = 0
-    llm_user: LLMUserConfig | None = None
-    user_tasks: str | None = _help(None, "llm_user: a JSON file {task_id: {profile, opening}}")
-    tau2: Tau2Section = _field(default_factory=Tau2Section)
-    options: dict[str, Any] = _field(default_factory=dict, metadata={
-        "help": "a package.module:NAME environment's own settings, checked against its EnvSpec.settings_type"})
-
-    def __post_init__(self) -> None:
-        if self.train_tasks < 1 or self.test_tasks < 1:
-            raise ValueError(f"train_tasks={self.train_tasks}, test_tasks={self.test_tasks}: expected >= 1")
-        spec = resolve_env(self.kind)
-        settings = env_settings(self)  # a plug-in's options, checked against its settings type
-        if spec.check is not None:
-            spec.check(settings)
-
-    @property
-    def spec(self) -> EnvSpec:
-        """The registered family ``kind`` names (`jaxagent.envs.registry.resolve_env`)."""
-        return resolve_env(self.kind)
-
-
-def env_settings(env: EnvSection) -> Any:
-    """What ``env.kind``'s spec is built from: ``env.options`` parsed into its ``settings_type`` when
-    it has one, else the ``env`` section itself (the built-ins read their own keys of it)."""
-    spec = resolve_env(env.kind)
-    if spec.settings_type is None:
-        if env.options:
-            raise ValueError(f"options={dict(env.options)!r}: env.kind={env.kind!r} takes no options; expected {{}}")
-        return env
-    return configlib.parse_section(spec.settings_type, env.options, path="env.options")
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutSection:
-    slots: int = _help(16, "decode lanes of the generation engine")
-    capacity: int = _help(1024, "KV-cache positions per lane")
-    park_rows: int = _help(-1, "rows that keep waiting sessions' prefixes (-1: one per episode)")
-    decode_steps: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 96
-    max_turns: int = 12
-    max_tokens: int = _help(1024, "an episode ends (max_tokens) before its context exceeds this")
-    retries: int = 2
-    timeout_s: float | None = _help(
-        None, "seconds one environment call (reset/step) may take before the loop cancels it and counts a failure; "
-              "must be >= the simulator clients' worst case per call (see simulator_budget_s); null: that + 30 s "
-              "(60 s when no call goes over HTTP)")
-    max_reply_tokens: int = _help(
-        512, "tokens kept of each simulated-user message (longer replies are cut, counted as sim/truncated_replies; "
-             "0: no limit, rollout.max_tokens still holds)")
-    tool_schemas_in_prompt: bool = _help(True, "render the tools' JSON schemas into the system prompt")
-
-    def __post_init__(self) -> None:
-        for f in ("slots", "capacity", "decode_steps", "max_new_tokens", "max_turns", "max_tokens"):
-            _at_least(f, getattr(self, f), 1)
-        _at_least("retries", self.retries, 0)
-        _at_least("top_k", self.top_k, 0, what="an integer >= 0 (0: no top-k filter)")
-        _number_in("temperature", self.temperature, lo=0.0, what="a finite number >= 0 (0: greedy)")
-        _number_in("top_p", self.top_p, lo=0.0, lo_open=True, hi=1.0, what="a number in (0, 1] (1: no nucleus filter)")
-        if self.timeout_s is not None:
-            _number_in("timeout_s", self.timeout_s, lo=0.0, lo_open=True,
-                       what="a finite number of seconds > 0, or null (derived from the simulator clients' budget)")
-        _at_least("max_reply_tokens", self.max_reply_tokens, 0, what="an integer >= 0 (0: no limit)")
-        if self.max_tokens > self.capacity:
-            raise ValueError(f"max_tokens={self.max_tokens}: expected <= capacity={self.capacity}")
-        if self.park_rows < -1:
-            raise ValueError(f"park_rows={self.park_rows}: expected -1 (one per episode) or >= 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class SFTSection:
-    steps: int = _help(600, "SFT updates (jobs sft and sft+rl)")
-    batch_size: int = 16
-    demos: int = _help(512, "expert demonstrations on train tasks (tau2_retail: the oracle's, one per task)")
-    noise: float = _help(0.05, "share of demo turns taken by the random policy (not trained on)")
-    demo_policy: Literal["expert", "imitable"] = _help(
-        "imitable", "expert: the gym's (possibly privileged) expert; imitable: one that uses only what the agent sees")
-    lr: float | None = _help(1e-2, "SFT learning rate (null: optim.lr)")
-    warmup_steps: int | None = _help(
-        10, "SFT warmup steps (null: optim.warmup_steps); the quickstart's tiny model needs them for its copy "
-            "circuit to form, whatever the RL phase's warmup")
-    schedule: Literal["constant", "cosine"] = _help(
-        "cosine", "after the warmup: constant, or cosine decay to final_lr_fraction * lr at the last step")
-    final_lr_fraction: float = 0.05
-    max_skipped_share: float = _help(
-        0.5, "stop (non-zero exit) once more than this share of the SFT updates were skipped for non-finite "
-             "values (checked at each logged step once 4 were made, and at the end; 1: never)")
-    data: str | None = _help(
-        None, "a JSONL of prompt-completion rows (job=qd_label's sft.jsonl or decisions.jsonl): job=sft trains on "
-              "them (completion-only loss, the rows' sample weights) instead of an environment's demonstrations")
-    epochs: float | None = _help(None, "with sft.data: passes over the rows (sets the steps; null: sft.steps)")
-    warmup_ratio: float | None = _help(None, "with sft.data: warmup as a share of the steps (null: sft.warmup_steps)")
-    microbatches: int = _help(1, "with sft.data: gradient accumulation (sft.batch_size rows in this many parts)")
-    max_len: int = _help(5120, "with sft.data: rows of more tokens (prompt + completion) are left out, counted")
-
-    def __post_init__(self) -> None:
-        for f in ("epochs", "warmup_ratio"):
-            v = getattr(self, f)
-            if v is not None:
-                _number_in(f, v, lo=0.0, lo_open=f == "epochs", hi=1.0 if f == "warmup_ratio" else math.inf,
-                           what="a number in [0, 1]" if f == "warmup_ratio" else "a number > 0 or null")
-        _at_least("microbatches", self.microbatches, 1)
-        _at_least("max_len", self.max_len, 2)
-        if self.batch_size % self.microbatches:
-            raise ValueError(f"microbatches={self.microbatches}: expected a divisor of sft.batch_size={self.batch_size}")
-        if not 0.0 <= self.max_skipped_share <= 1.0:
-            raise ValueError(f"max_skipped_share={self.max_skipped_share}: expected a number in [0, 1] (1: never stop)")
-        if self.warmup_steps is not None and (isinstance(self.warmup_steps, bool) or self.warmup_steps < 0):
-            raise ValueError(f"warmup_steps={self.warmup_steps!r}: expected null or an integer >= 0")
-        if not 0.0 <= self.final_lr_fraction <= 1.0:
-            raise ValueError(f"final_lr_fraction={self.final_lr_fraction}: expected a number in [0, 1]")
-        if not 0.0 <= self.noise < 1.0:
-            raise ValueError(f"noise={self.noise}: expected a number in [0, 1)")
-        if self.steps < 0 or self.batch_size < 1 or self.demos < 1:
-            raise ValueError(f"steps={self.steps}, batch_size={self.batch_size}, demos={self.demos}: "
-                             "expected steps >= 0 and batch_size, demos >= 1")
-
-
-@dataclasses.dataclass(frozen=True)
-class DPOSection:
-    """``job=dpo``: preference pairs (job=qd_label's pairs.jsonl) against the frozen initial policy."""
-
-    data: str | None = _help(None, "the pairs (JSONL of jaxagent.qd.labels.Pair: job=qd_label's pairs.jsonl)")
-    stage: Literal[2, 3] = _help(
-        2, "the Q&D stage's pairs: 2 = ask_ask pairs only; 3 = ask_ask + ask_stop + synthesised stop contrasts, "
-           "every pair decided by stop_done left out")
-    beta: float = 0.1
-    loss_type: Literal["sigmoid", "ipo"] = "sigmoid"
-    label_smoothing: float = 0.0
-    lr: float = _help(5e-6, "AdamW's peak rate (constant after the warmup; clipped at global norm 1)")
-    epochs: int = 1
-    batch_size: int = _help(16, "pairs per update")
-    microbatches: int = _help(1, "gradient accumulation: dpo.batch_size pairs in this many parts")
-    warmup_ratio: float = 0.03
-    max_len: int = _help(5120, "pairs whose prompt + completion is longer are left out, counted")
-
-    def __post_init__(self) -> None:
-        from jaxagent.train.dpo import DPOSettings
-
-        DPOSettings(**self.settings_kwargs())  # checks every field, naming dpo.<field>
-
-    def settings_kwargs(self) -> dict:
-        return {f: getattr(self, f) for f in ("beta", "loss_type", "label_smoothing", "lr", "epochs", "batch_size",
-                                              "microbatches", "warmup_ratio", "max_len")}
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSection:
-    k: int = _help(1, "runs per task (avg@k)")
-    tasks: int = _help(32, "held-out (test split) tasks")
-    temperature: float = _help(0.0, "0: greedy")
-    sampled_k: int = _help(
-        4, "policy evaluations also sample sampled_k runs per task at rollout.temperature (the distribution RL "
-           "trains), logged as sampled/*; not the first evaluation of a random initialisation; 0: off")
-    every: int = _help(4, "RL iterations between evaluations (0: only before and after)")
-    agent: Literal["policy", "oracle", "endpoint"] = _help(
-        "policy", "job=eval: the model (policy), the gold-action oracle (tau2_retail), or an OpenAI-compatible "
-                  "endpoint (eval.endpoint; tau2_retail)")
-    endpoint: EndpointConfig | None = _help(
-        None, "agent=endpoint: the agent's OpenAI-compatible server (its system prompt is the environment's, "
-              "its temperature eval.temperature)")
-    concurrency: int = _help(8, "agent=oracle/endpoint: episodes played at once")
-
-    def __post_init__(self) -> None:
-        _number_in("temperature", self.temperature, lo=0.0, what="a finite number >= 0 (0: greedy)")
-        if self.agent == "endpoint" and self.endpoint is None:
-            raise ValueError("agent='endpoint': expected eval.endpoint (base_url, model, ...)")
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency={self.concurrency}: expected an integer >= 1")
-        _at_least("sampled_k", self.sampled_k, 0, what="an integer >= 0 (0: no sampled evaluation)")
-        if self.k < 1 or self.tasks < 1 or self.every < 0:
-            raise ValueError(f"k={self.k}, tasks={self.tasks}, every={self.every}: expected k, tasks >= 1, every >= 0")
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointSection:
-    every: int = _help(4, "RL iterations (or SFT steps) between checkpoints (0: only at the end)")
-    keep: int = 2
-    best_metric: str | None = "eval/success"
-    async_save: bool = True
-    export_hf: bool = _help(True, "write the final policy as a Hugging Face checkpoint")
-
-    def __post_init__(self) -> None:
-        _at_least("every", self.every, 0, what="an integer >= 0 (0: only at the end)")
-        _at_least("keep", self.keep, 1, what="an integer >= 1 (checkpoints kept; resume needs one)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,22 +44,22 @@ class ServeSection:
     engine's lanes, cache rows and decode steps are ``rollout.slots``, ``rollout.capacity``,
     ``rollout.park_rows`` and ``rollout.decode_steps``."""
 
-    host: str = _help("127.0.0.1", "the address to bind (0.0.0.0 exposes the server: set api_key_env too)")
-    port: int = _help(8000, "the port (0: a free one, printed at start)")
-    api_key_env: str | None = _help(
+    host: str = helped("127.0.0.1", "the address to bind (0.0.0.0 exposes the server: set api_key_env too)")
+    port: int = helped(8000, "the port (0: a free one, printed at start)")
+    api_key_env: str | None = helped(
         None, "the NAME of an environment variable holding the bearer token every /v1 request must carry (null: none)")
-    model_name: str | None = _help(None, "the model id clients name (null: the checkpoint or run directory's name, "
+    model_name: str | None = helped(None, "the model id clients name (null: the checkpoint or run directory's name, "
                                          "or the preset's)")
-    run: str | None = _help(None, "a run directory: serve its final policy (<run>/hf, its tokenizer included) "
+    run: str | None = helped(None, "a run directory: serve its final policy (<run>/hf, its tokenizer included) "
                                   "instead of model.path")
-    adapter: str | None = _help(None, "a PEFT LoRA adapter directory (e.g. <run>/adapter) applied to model.path")
-    max_tokens: int = _help(512, "a request without max_tokens generates at most this many (and what fits)")
-    max_n: int = _help(8, "the largest n (choices per request)")
-    max_queue: int = _help(64, "choices that may wait for a lane; beyond them a request gets 429 with Retry-After")
-    retry_after_s: int = _help(1, "the Retry-After of a 429")
-    request_timeout_s: float = _help(600.0, "a request running longer is cancelled and answered 504")
-    shutdown_timeout_s: float = _help(30.0, "on SIGINT/SIGTERM, seconds in-flight requests get to finish")
-    warmup: bool = _help(False, "compile every engine shape before listening (slower start, no compile on a "
+    adapter: str | None = helped(None, "a PEFT LoRA adapter directory (e.g. <run>/adapter) applied to model.path")
+    max_tokens: int = helped(512, "a request without max_tokens generates at most this many (and what fits)")
+    max_n: int = helped(8, "the largest n (choices per request)")
+    max_queue: int = helped(64, "choices that may wait for a lane; beyond them a request gets 429 with Retry-After")
+    retry_after_s: int = helped(1, "the Retry-After of a 429")
+    request_timeout_s: float = helped(600.0, "a request running longer is cancelled and answered 504")
+    shutdown_timeout_s: float = helped(30.0, "on SIGINT/SIGTERM, seconds in-flight requests get to finish")
+    warmup: bool = helped(False, "compile every engine shape before listening (slower start, no compile on a "
                                 "first request)")
 
     def __post_init__(self) -> None:
@@ -350,11 +74,11 @@ class ServeSection:
             raise ValueError("api_key_env=<not shown>: expected null or the NAME of an environment variable "
                              "([A-Za-z_][A-Za-z0-9_]*), not the key itself")
         for f in ("max_tokens", "max_n"):
-            _at_least(f, getattr(self, f), 1)
+            at_least(f, getattr(self, f), 1)
         for f in ("max_queue", "retry_after_s"):
-            _at_least(f, getattr(self, f), 0)
+            at_least(f, getattr(self, f), 0)
         for f in ("request_timeout_s", "shutdown_timeout_s"):
-            _number_in(f, getattr(self, f), lo=0.0, lo_open=True, what="a finite number of seconds > 0")
+            number_in(f, getattr(self, f), lo=0.0, lo_open=True, what="a finite number of seconds > 0")
         if self.model_name is not None and not self.model_name.strip():
             raise ValueError(f"model_name={self.model_name!r}: expected a non-empty name or null")
 
@@ -366,83 +90,83 @@ QUESTIONERS = ("scripted", "never_ask", "policy", "endpoint")
 class QDTau2Section:
     """``qd.tau2``: ``job=qd_tau2``, the Q&D loop inside a tau2 retail agent (docs/QD.md, "tau2 transfer")."""
 
-    selector: Literal["rules", "endpoint"] = _help(
+    selector: Literal["rules", "endpoint"] = helped(
         "rules", "maps a question to one read-only tool call: rules (offline stand-in: the identifier the question "
                  "names) or endpoint (qd.tau2.selector_endpoint, else qd.drafter_endpoint: the drafter's model)")
     selector_endpoint: LLMUserConfig | None = None
-    baseline: Literal["none", "never_ask", "endpoint"] = _help(
+    baseline: Literal["none", "never_ask", "endpoint"] = helped(
         "never_ask", "the arm without the questioner: never_ask (the same drafter and answerer, no question), "
                      "endpoint (qd.drafter_endpoint's model as a plain tool-calling agent, at eval.temperature)")
-    questions: int = _help(16, "executed questions per dialogue")
-    tool_calls: int = _help(16, "planned tool calls per dialogue (calculate and transfer_to_human_agents exempt)")
-    max_decisions: int = _help(16, "questioner decisions per assistant turn")
-    prompt: Literal["routing", "routing_stop"] = _help(
+    questions: int = helped(16, "executed questions per dialogue")
+    tool_calls: int = helped(16, "planned tool calls per dialogue (calculate and transfer_to_human_agents exempt)")
+    max_decisions: int = helped(16, "questioner decisions per assistant turn")
+    prompt: Literal["routing", "routing_stop"] = helped(
         "routing", "the questioner's instructions: routing (what the read-only lookups answer), routing_stop (and "
                    "when to stop)")
 
     def __post_init__(self) -> None:
         for f in ("questions", "tool_calls", "max_decisions"):
-            _at_least(f, getattr(self, f), 0)
+            at_least(f, getattr(self, f), 0)
 
 
 @dataclasses.dataclass(frozen=True)
 class QDSection:
     """``job=qd_eval``: questioners on a retrieval QA suite (docs/QD.md)."""
 
-    benchmark: Literal["musique", "strategyqa", "2wiki", "synthetic"] = _help(
+    benchmark: Literal["musique", "strategyqa", "2wiki", "synthetic"] = helped(
         "musique", "the suite (its shipped file unless qd.file; synthetic: a file of python -m jaxagent.qd.synthetic)")
-    file: str | None = _help(None, "a benchmark file in the release's format (null: the shipped one)")
-    paragraphs: str | None = _help(None, "strategyqa: the paragraphs file (null: the shipped one)")
-    first_task: int = _help(0, "the suite's tasks from this position on (file order; usable records only)")
-    tasks: int = _help(100, "tasks evaluated (fewer when the file has fewer)")
-    seeds: int = _help(2, "rollout seeds per task (0 .. seeds-1)")
-    questioner: Literal["scripted", "never_ask", "policy", "endpoint"] = _help(
+    file: str | None = helped(None, "a benchmark file in the release's format (null: the shipped one)")
+    paragraphs: str | None = helped(None, "strategyqa: the paragraphs file (null: the shipped one)")
+    first_task: int = helped(0, "the suite's tasks from this position on (file order; usable records only)")
+    tasks: int = helped(100, "tasks evaluated (fewer when the file has fewer)")
+    seeds: int = helped(2, "rollout seeds per task (0 .. seeds-1)")
+    questioner: Literal["scripted", "never_ask", "policy", "endpoint"] = helped(
         "scripted", "the arm: scripted heuristic (no model), never_ask, policy (model.path / preset through the "
                     "engine), endpoint (qd.questioner_endpoint)")
     questioner_endpoint: LLMUserConfig | None = None
-    baseline: Literal["none", "scripted", "never_ask", "policy", "endpoint"] = _help(
+    baseline: Literal["none", "scripted", "never_ask", "policy", "endpoint"] = helped(
         "none", "a second arm on the same tasks and seeds, compared with the first (paired, BCa); none: one arm")
     baseline_endpoint: LLMUserConfig | None = None
-    baseline_model: str | None = _help(
+    baseline_model: str | None = helped(
         None, "baseline=policy: the baseline's HF checkpoint (e.g. the model before Q&D training; null: model.*, "
               "the treatment's own)")
-    drafter: Literal["extractive", "endpoint"] = _help(
+    drafter: Literal["extractive", "endpoint"] = helped(
         "extractive", "extractive: the offline stand-in (no model, labelled in every report); endpoint: "
                       "qd.drafter_endpoint")
     drafter_endpoint: LLMUserConfig | None = None
     answerer: Literal["extractive", "endpoint"] = "extractive"
     answerer_endpoint: LLMUserConfig | None = None
-    cap: int = _help(8, "retrieval calls per run (own stop)")
-    max_turns: int = _help(16, "questioner decisions per run")
-    retries: int = _help(
+    cap: int = helped(8, "retrieval calls per run (own stop)")
+    max_turns: int = helped(16, "questioner decisions per run")
+    retries: int = helped(
         2, "more tries of a failed questioner / drafter / answerer call before the run is marked failed")
-    concurrency: int = _help(16, "runs played at once")
+    concurrency: int = helped(16, "runs played at once")
     depth_rule: Literal["longest", "shortest"] = "longest"
-    equal_spend: Literal["symmetric", "asymmetric"] = _help(
+    equal_spend: Literal["symmetric", "asymmetric"] = helped(
         "symmetric", "equal spend: both arms read at the lower question count, or (asymmetric) the treatment at "
                      "its own end and the baseline at that count")
-    frontier_caps: tuple[int, ...] = _help((4, 8, 12, 16, 24), "the budget frontier's caps (read as prefixes)")
-    bootstrap: int = _help(10_000, "resamples of the printed BCa intervals")
-    max_failed_share: float = _help(0.5, "stop (non-zero exit) when more runs than this share failed")
-    temperature: float = _help(0.7, "questioner=policy: sampling temperature (0: greedy)")
-    max_new_tokens: int = _help(400, "questioner=policy: tokens per decision")
-    forks: int = _help(8, "job=qd_label: candidates per state (candidate 0 is the parent)")
-    floor: float = _help(0.071213, "job=qd_label: the floor m (tau + 1.5 sigma_J sqrt 2) an ASK's gain must clear "
+    frontier_caps: tuple[int, ...] = helped((4, 8, 12, 16, 24), "the budget frontier's caps (read as prefixes)")
+    bootstrap: int = helped(10_000, "resamples of the printed BCa intervals")
+    max_failed_share: float = helped(0.5, "stop (non-zero exit) when more runs than this share failed")
+    temperature: float = helped(0.7, "questioner=policy: sampling temperature (0: greedy)")
+    max_new_tokens: int = helped(400, "questioner=policy: tokens per decision")
+    forks: int = helped(8, "job=qd_label: candidates per state (candidate 0 is the parent)")
+    floor: float = helped(0.071213, "job=qd_label: the floor m (tau + 1.5 sigma_J sqrt 2) an ASK's gain must clear "
                                    "to be an SFT target, and a pair's margin")
-    max_pairs: int = _help(12, "job=qd_label: ask_ask + recorded ask_stop pairs kept per state")
-    max_len_delta: int = _help(40, "job=qd_label: largest question length difference (characters) of an ask_ask pair")
+    max_pairs: int = helped(12, "job=qd_label: ask_ask + recorded ask_stop pairs kept per state")
+    max_len_delta: int = helped(40, "job=qd_label: largest question length difference (characters) of an ask_ask pair")
     tau2: QDTau2Section = _field(default_factory=QDTau2Section)
 
     def __post_init__(self) -> None:
-        _number_in("floor", self.floor, lo=0.0, what="a finite number >= 0")
+        number_in("floor", self.floor, lo=0.0, what="a finite number >= 0")
         for f in ("tasks", "seeds", "concurrency", "bootstrap", "max_new_tokens", "forks", "max_pairs"):
-            _at_least(f, getattr(self, f), 1)
+            at_least(f, getattr(self, f), 1)
         for f in ("first_task", "cap", "max_turns", "retries", "max_len_delta"):
-            _at_least(f, getattr(self, f), 0)
+            at_least(f, getattr(self, f), 0)
         if not self.frontier_caps or any(c < 0 for c in self.frontier_caps):
             raise ValueError(f"frontier_caps={list(self.frontier_caps)}: expected non-negative integers")
-        _number_in("max_failed_share", self.max_failed_share, lo=0.0, hi=1.0, what="a number in [0, 1]")
-        _number_in("temperature", self.temperature, lo=0.0, what="a finite number >= 0 (0: greedy)")
+        number_in("max_failed_share", self.max_failed_share, lo=0.0, hi=1.0, what="a number in [0, 1]")
+        number_in("temperature", self.temperature, lo=0.0, what="a finite number >= 0 (0: greedy)")
         for role in ("questioner", "baseline", "drafter", "answerer"):
             if getattr(self, role) == "endpoint" and getattr(self, f"{role}_endpoint") is None:
                 raise ValueError(f"{role}='endpoint': expected qd.{role}_endpoint (base_url, model, ...)")
@@ -464,13 +188,13 @@ class QDSection:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    name: str = _help("quickstart", "runs/<name>/ holds everything the run writes")
-    job: str = _help("sft+rl", "the job (see --help: sft, rl, sft+rl, eval, qd_eval, qd_label, dpo, qd_tau2, serve)")
+    name: str = helped("quickstart", "runs/<name>/ holds everything the run writes")
+    job: str = helped("sft+rl", "the job (see --help: sft, rl, sft+rl, eval, qd_eval, qd_label, dpo, qd_tau2, serve)")
     runs_dir: str = "runs"
     seed: int = 0
-    steps: int = _help(32, "RL iterations")
-    resume: bool = _help(False, "continue runs/<name>/ from its last complete checkpoint")
-    resume_overrides: tuple[str, ...] = _help(
+    steps: int = helped(32, "RL iterations")
+    resume: bool = helped(False, "continue runs/<name>/ from its last complete checkpoint")
+    resume_overrides: tuple[str, ...] = helped(
         (), "resume: dotted keys (or sections) allowed to differ from the run's config, e.g. [optim.lr,eval]; "
             "resume, resume_overrides, progress, runs_dir, name and steps always may")
     progress: bool = True
@@ -478,7 +202,7 @@ class RunConfig:
     # its attention is then sharp enough from the start for the copy the demonstrations need to
     # form within the SFT budget (docs/BENCHMARKS.md, the quickstart section).
     model: ModelSection = _field(default_factory=lambda: ModelSection(initializer_range=0.05))
-    tokenizer: str = _help(BUILTIN_TOKENIZER, "a tokenizer directory, or builtin:gyms")
+    tokenizer: str = helped(BUILTIN_TOKENIZER, "a tokenizer directory, or builtin:gyms")
     mesh: MeshConfig = _field(default_factory=MeshConfig)
     # The quickstart's RL phase is the one scripts/bench_rl_learns.py measured to improve the SFT
     # policy over an lr = 0 control (docs/RESULTS.md, "RL that learns"): RL tasks drawn from 4096
@@ -664,6 +388,6 @@ def load_config(path: str | Path | None = None, overrides=()) -> RunConfig:
     return cfg if named else dataclasses.replace(cfg, name=default_name(cfg))
 
 
-__all__ = ["BUILTIN_TOKENIZER", "GYM_NAMES", "CheckpointSection", "EnvSection", "EvalSection",
-           "ModelSection", "QDSection", "QDTau2Section", "RolloutSection", "RunConfig", "SFTSection", "ServeSection", "Tau2Section", "check_timeout", "default_name",
-           "env_context", "env_max_reward", "env_settings", "episode_timeout_s", "load_config", "simulator_budget_s", "simulator_clients"]
+__all__ = ["DEFAULT_TIMEOUT_S", "QUESTIONERS", "TIMEOUT_MARGIN_S", "QDSection", "QDTau2Section", "RunConfig",
+           "ServeSection", "check_timeout", "default_name", "env_context", "env_max_reward", "episode_timeout_s",
+           "load_config", "simulator_budget_s", "simulator_clients"]

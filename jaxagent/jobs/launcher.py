@@ -159,7 +159,7 @@ def check_paths(cfg: RunConfig, *, dry_run: bool = False) -> None:
     """``model.path`` and ``tokenizer`` exist. Before a download (``--dry-run``) a checkpoint
     directory that is not here yet is let through, with the tokenizer when it is that same
     directory: `dry_run` then takes the preset's shapes and says so."""
-    from jaxagent.jobs.config import BUILTIN_TOKENIZER
+    from jaxagent.jobs.sections import BUILTIN_TOKENIZER
 
     m = cfg.model
     model_absent = m.path is not None and not Path(m.path).is_dir()

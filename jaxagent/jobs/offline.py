@@ -207,19 +207,19 @@ def run_dpo(cfg: RunConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     d = cfg.dpo
     try:
-        every = labels.read_pairs(d.data)
+        in_file = labels.read_pairs(d.data)
     except OSError as e:
         raise configlib.ConfigError(f"dpo.data={d.data!r}: {e.strerror or e}; expected a readable pairs file "
                                     "(job=qd_label's pairs.jsonl)") from None
     except ValueError as e:
         raise configlib.ConfigError(f"dpo.data={d.data!r}: {e}") from None
-    chosen = labels.stage_pairs(every, d.stage)
+    chosen = labels.stage_pairs(in_file, d.stage)
     settings = DPOSettings(**d.settings_kwargs(), seed=cfg.seed)
     run = prepare_offline(cfg)
     data, long = pair_tokens(chosen, run.tok, d.max_len)
     if not data:
         raise configlib.ConfigError(
-            f"dpo.data={d.data!r}: no pair to train on ({len(every)} pairs, {len(chosen)} of stage dpo.stage={d.stage}, "
+            f"dpo.data={d.data!r}: no pair to train on ({len(in_file)} pairs, {len(chosen)} of stage dpo.stage={d.stage}, "
             f"{long} longer than dpo.max_len={d.max_len}); expected pairs of the stage")
     check_positions(max(len(p.prompt) + max(len(p.chosen), len(p.rejected)) for p in data), "dpo.max_len", d.max_len,
                     run.qcfg)
@@ -259,7 +259,7 @@ def run_dpo(cfg: RunConfig) -> dict[str, Any]:
     for p in chosen:
         kinds[f"{p.kind}/{p.decided_by}"] = kinds.get(f"{p.kind}/{p.decided_by}", 0) + 1
     first = history[0] if history else {}
-    summary = {"name": cfg.name, "job": "dpo", "data": d.data, "stage": d.stage, "pairs_in_file": len(every),
+    summary = {"name": cfg.name, "job": "dpo", "data": d.data, "stage": d.stage, "pairs_in_file": len(in_file),
                "pairs_of_stage": len(chosen), "pairs_by_kind": kinds, "pairs_trained": len(data),
                "pairs_too_long": long, "steps": total, "beta": d.beta, "lr": d.lr,
                "first": {k: first.get(k) for k in ("loss", "reward_accuracy", "reward_margin")},

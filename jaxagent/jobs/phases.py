@@ -18,7 +18,7 @@ from jaxagent.jobs.build import Run, episode_config, sampling_params, step_key, 
 from jaxagent.jobs.config import RunConfig
 from jaxagent.jobs.evaluate import run_eval
 from jaxagent.models.sharding import batch_sharding
-from jaxagent.rollout.batch import Row, build_batch
+from jaxagent.train.batch import Row, build_batch
 from jaxagent.text.tokenizer import Tokenizer
 from jaxagent.train.loop import Checkpointing, every, fit
 from jaxagent.train.rl import FailureBudget, RLTrainer, SimulatorFailureBudget

@@ -45,7 +45,7 @@ from jaxagent.train.step import TrainingFailed
 
 
 # ----------------------------------------------------------------------------- building the arms
-class _Model:
+class LocalPolicy:
     """The local policy, built once for every arm that needs it."""
 
     def __init__(self, cfg: RunConfig):
@@ -62,21 +62,23 @@ class _Model:
         self.name = f"local:{cfg.model.path}" if cfg.model.path else f"local:{cfg.model.preset} (random init)"
 
 
-def _arm_models(cfg: RunConfig, arms) -> dict[str, _Model]:
+def _arm_models(cfg: RunConfig, arms) -> dict[str, LocalPolicy]:
     """The local policy of each arm that plays one: ``model.*`` for the treatment, and for a
     policy baseline the checkpoint ``qd.baseline_model`` (default: the treatment's own model)."""
-    out: dict[str, _Model] = {}
+    out: dict[str, LocalPolicy] = {}
     for arm, kind, _ in arms:
         if kind != "policy":
             continue
         if arm == "baseline" and cfg.qd.baseline_model is not None:
-            out[arm] = _Model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=cfg.qd.baseline_model)))
+            out[arm] = LocalPolicy(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=cfg.qd.baseline_model)))
         else:
-            out[arm] = out.get("treatment") or _Model(cfg)
+            out[arm] = out.get("treatment") or LocalPolicy(cfg)
     return out
 
 
-def _questioner(cfg: RunConfig, kind: str, endpoint, model: _Model | None, clients: list):
+def make_questioner(cfg: RunConfig, kind: str, endpoint, model: LocalPolicy | None, clients: list):
+    """The questioner of an arm: ``kind`` scripted, never_ask, endpoint (a client on ``endpoint``,
+    added to ``clients`` for closing) or policy (``model`` through its engine at ``qd.temperature``)."""
     if kind == "scripted":
         return agents.ScriptedQuestioner()
     if kind == "never_ask":
@@ -93,7 +95,9 @@ def _questioner(cfg: RunConfig, kind: str, endpoint, model: _Model | None, clien
     return agents.PolicyQuestioner(model.engine, model.tok, sampling, name=model.name)
 
 
-def _role(kind: str, endpoint, offline, online, clients: list):
+def make_role(kind: str, endpoint, offline, online, clients: list):
+    """A drafter or answerer: ``offline()`` for ``kind`` extractive, else ``online(client)`` over a
+    client on ``endpoint`` (added to ``clients`` for closing)."""
     if kind == "extractive":
         return offline()
     from jaxagent.envs.llm_user import LLMUserClient
@@ -129,8 +133,8 @@ def run_qd_eval(cfg: RunConfig) -> dict[str, Any]:
     tok = next(iter(models.values())).tok if models else None
     count = (lambda s: len(tok.encode(s))) if tok is not None else None  # question tokens, one tokenizer
     clients: list = []
-    drafter = _role(q.drafter, q.drafter_endpoint, agents.ExtractiveDrafter, agents.EndpointDrafter, clients)
-    answerer = _role(q.answerer, q.answerer_endpoint, agents.ExtractiveAnswerer, agents.EndpointAnswerer, clients)
+    drafter = make_role(q.drafter, q.drafter_endpoint, agents.ExtractiveDrafter, agents.EndpointDrafter, clients)
+    answerer = make_role(q.answerer, q.answerer_endpoint, agents.ExtractiveAnswerer, agents.EndpointAnswerer, clients)
     loop_cfg = LoopConfig(cap=q.cap, max_turns=q.max_turns, retries=q.retries)
     seeds = list(range(q.seeds))
     summary: dict[str, Any] = {
@@ -141,7 +145,7 @@ def run_qd_eval(cfg: RunConfig) -> dict[str, Any]:
     all_runs: dict[str, list[QDRun]] = {}
     try:
         for arm, kind, endpoint in arms:
-            questioner = _questioner(cfg, kind, endpoint, models.get(arm), clients)
+            questioner = make_questioner(cfg, kind, endpoint, models.get(arm), clients)
             runs = _play(cfg, arm, questioner, tasks, drafter, answerer, seeds, loop_cfg, count)
             write_runs(runs, run_dir / f"runs_{arm}.jsonl")
             failed = [r for r in runs if r.failed]
@@ -152,7 +156,7 @@ def run_qd_eval(cfg: RunConfig) -> dict[str, Any]:
             readings.update(questioner=agents.describe(questioner), runs=len(runs), failed_runs=len(failed),
                             failure_examples=[r.error for r in failed[:3]])
             summary["arms"][arm] = readings
-            _write_jsonl(run_dir / f"tasks_{arm}.jsonl",
+            write_finite_jsonl(run_dir / f"tasks_{arm}.jsonl",
                          qd_report.per_task(kept, graphs, tasks=by_id, depth_rule=q.depth_rule))
             if runs and len(failed) > q.max_failed_share * len(runs):
                 summary["failure"] = (f"arm {arm}: {len(failed)} of {len(runs)} runs failed (questioner, drafter or "
@@ -205,7 +209,8 @@ def _play(cfg: RunConfig, arm: str, questioner, tasks, drafter, answerer, seeds:
             bar.close()
 
 
-def _write_jsonl(path: Path, rows) -> None:
+def write_finite_jsonl(path: Path, rows) -> None:
+    """One JSON line per row, non-finite floats as null, numpy scalars and dataclasses converted."""
     with path.open("w", encoding="utf-8") as f:
         f.writelines(json.dumps(_finite(r), default=_json) + "\n" for r in rows)
 
@@ -229,4 +234,4 @@ def _json(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
-__all__ = ["run_qd_eval"]
+__all__ = ["LocalPolicy", "make_questioner", "make_role", "run_qd_eval", "write_finite_jsonl"]

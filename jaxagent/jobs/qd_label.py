@@ -36,7 +36,7 @@ import jax
 
 from jaxagent import configlib
 from jaxagent.jobs.config import RunConfig
-from jaxagent.jobs.qd_eval import _Model, _questioner, _role, _write_jsonl
+from jaxagent.jobs.qd_eval import LocalPolicy, make_questioner, make_role, write_finite_jsonl
 from jaxagent.qd import agents, labels
 from jaxagent.qd.forks import fork_suite
 from jaxagent.qd.graphs import build_graphs
@@ -86,12 +86,12 @@ def run_qd_label(cfg: RunConfig) -> dict[str, Any]:
     record_config(cfg, run_dir)
     tasks = {t.task_id: t for t, _ in suite}
     graphs = {t.task_id: g for t, g in suite}
-    model = _Model(cfg) if q.questioner == "policy" else None
+    model = LocalPolicy(cfg) if q.questioner == "policy" else None
     count = (lambda s: len(model.tok.encode(s))) if model is not None else None
     clients: list = []
-    drafter = _role(q.drafter, q.drafter_endpoint, agents.ExtractiveDrafter, agents.EndpointDrafter, clients)
-    answerer = _role(q.answerer, q.answerer_endpoint, agents.ExtractiveAnswerer, agents.EndpointAnswerer, clients)
-    questioner = _questioner(cfg, q.questioner, q.questioner_endpoint, model, clients)
+    drafter = make_role(q.drafter, q.drafter_endpoint, agents.ExtractiveDrafter, agents.EndpointDrafter, clients)
+    answerer = make_role(q.answerer, q.answerer_endpoint, agents.ExtractiveAnswerer, agents.EndpointAnswerer, clients)
+    questioner = make_questioner(cfg, q.questioner, q.questioner_endpoint, model, clients)
     loop_cfg = LoopConfig(cap=q.cap, max_turns=q.max_turns, retries=q.retries)
     key = jax.random.key(cfg.seed)  # the parents' key: candidate 0 of every fork replays its parent
     progress = {"states": 0}
@@ -130,7 +130,7 @@ def run_qd_label(cfg: RunConfig) -> dict[str, Any]:
     warm = decision_rows(parents, tasks)
     write_runs(parents, run_dir / "parents.jsonl")
     write_runs(cand_runs, run_dir / "candidates.jsonl")
-    _write_jsonl(run_dir / "states.jsonl", [dataclasses.asdict(s) | {"state_id": s.state_id} for s in states])
+    write_finite_jsonl(run_dir / "states.jsonl", [dataclasses.asdict(s) | {"state_id": s.state_id} for s in states])
     labels.write_jsonl(run_dir / "sft.jsonl", rows)
     labels.write_jsonl(run_dir / "pairs.jsonl", pairs)
     labels.write_jsonl(run_dir / "decisions.jsonl", warm)

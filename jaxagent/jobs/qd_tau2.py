@@ -37,7 +37,7 @@ import jax
 from jaxagent.eval.qd_stats import compare_arms
 from jaxagent.jobs.config import RunConfig
 from jaxagent.jobs.evaluate import write_jsonl
-from jaxagent.jobs.qd_eval import _Model, _questioner
+from jaxagent.jobs.qd_eval import LocalPolicy, make_questioner
 from jaxagent.qd import tau2
 from jaxagent.qd.agents import NeverAsk, describe
 from jaxagent.train.step import TrainingFailed
@@ -104,7 +104,7 @@ def _agents(cfg: RunConfig, kind: str, clients: list, model):
 
     questioner = NeverAsk() if kind == "never_ask" else (
         tau2.ScriptedTau2Questioner() if q.questioner == "scripted"
-        else _questioner(cfg, q.questioner, q.questioner_endpoint, model, clients))
+        else make_questioner(cfg, q.questioner, q.questioner_endpoint, model, clients))
     drafter = tau2.LookupDrafter() if q.drafter == "extractive" else tau2.EndpointDrafter(client(q.drafter_endpoint))
     answerer = (tau2.LookupAnswerer() if q.answerer == "extractive"
                 else tau2.EndpointAnswerer(client(q.answerer_endpoint)))
@@ -131,7 +131,7 @@ def run_qd_tau2(cfg: RunConfig) -> dict[str, Any]:
     q = cfg.qd
     run_dir = checked_run_dir(cfg)
     record_config(cfg, run_dir)
-    model = _Model(cfg) if q.questioner == "policy" else None
+    model = LocalPolicy(cfg) if q.questioner == "policy" else None
     arms = [("treatment", "qd")] + ([("baseline", q.tau2.baseline)] if q.tau2.baseline != "none" else [])
     reports: dict[str, list[dict[str, Any]]] = {}
     described: dict[str, str] = {}

@@ -25,7 +25,8 @@ from jaxagent.models.qwen import (
     param_shapes,
     token_logprobs,
 )
-from jaxagent.models.sharding import LogicalRules, MeshConfig, make_mesh, param_shardings, shard_params
+from jaxagent.models.placement import param_shardings, shard_params
+from jaxagent.models.sharding import LogicalRules, MeshConfig, make_mesh
 
 __all__ = [
     "LORA_TARGETS",

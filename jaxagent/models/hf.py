@@ -28,7 +28,8 @@ from safetensors.numpy import save_file
 
 from jaxagent.models.config import DTypePolicy, QwenConfig
 from jaxagent.models.qwen import Params, param_shapes
-from jaxagent.models.sharding import LogicalRules, param_shardings
+from jaxagent.models.sharding import LogicalRules
+from jaxagent.models.placement import param_shardings
 
 SAFE_INDEX = "model.safetensors.index.json"
 SAFE_SINGLE = "model.safetensors"
@@ -309,7 +310,8 @@ def _parse_size(size: int | str) -> int:
     return int(float(m.group(1)) * {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}[m.group(2)])
 
 
-def _host(x: jax.Array) -> np.ndarray:
+def to_host(x: jax.Array) -> np.ndarray:
+    """``x`` as a host numpy array (gathered from every process when it is not fully addressable)."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
 
@@ -346,7 +348,7 @@ def save_pretrained(
             raise CheckpointError(f"params{list(leaf.path)}: shape {list(got)}, expected {list(want)} for this config")
     tensors: dict[str, np.ndarray] = {}
     for leaf in _leaves(config):
-        arr = _host(_get(params, leaf.path))
+        arr = to_host(_get(params, leaf.path))
         if dtype is not None:
             arr = arr.astype(DTypePolicy(dtype, dtype).param)
         if leaf.stacked:

@@ -26,7 +26,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from jaxagent.models.config import LORA_TARGETS, DTypePolicy, LoraSpec, QwenConfig
-from jaxagent.models.hf import CheckpointError, _host, write_directory_atomically
+from jaxagent.models.hf import CheckpointError, to_host, write_directory_atomically
 from jaxagent.models.lora import base_params, check_lora, lora_logical_axes, target_io_shapes
 from jaxagent.models.qwen import Params
 from jaxagent.models.sharding import LogicalRules
@@ -95,8 +95,8 @@ def save_peft_adapter(
     store = DTypePolicy(dtype, dtype).param if dtype is not None else np.float32
     tensors: dict[str, np.ndarray] = {}
     for t in spec.targets:
-        a = _host(params["lora"]["layers"][t]["a"]).astype(store)  # [Ly, in..., r]
-        b = _host(params["lora"]["layers"][t]["b"]).astype(store)  # [Ly, r, out...]
+        a = to_host(params["lora"]["layers"][t]["a"]).astype(store)  # [Ly, in..., r]
+        b = to_host(params["lora"]["layers"][t]["b"]).astype(store)  # [Ly, r, out...]
         for i in range(config.num_hidden_layers):
             tensors[peft_tensor_name(t, i, "A")] = np.ascontiguousarray(a[i].reshape(-1, spec.rank).T)
             tensors[peft_tensor_name(t, i, "B")] = np.ascontiguousarray(b[i].reshape(spec.rank, -1).T)

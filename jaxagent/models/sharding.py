@@ -154,32 +154,6 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None], rules: LogicalRu
     return jax.lax.with_sharding_constraint(x, rules.sharding(logical_axes, x.shape))
 
 
-def param_shardings(config, rules: LogicalRules):
-    """NamedSharding for every parameter of a `QwenConfig` model (pytree like `init_params`)."""
-    from jaxagent.models.qwen import param_logical_axes, param_shapes
-
-    is_leaf = lambda x: isinstance(x, tuple)  # noqa: E731
-    return jax.tree.map(
-        lambda axes, shape: rules.sharding(axes, shape),
-        param_logical_axes(config),
-        param_shapes(config),
-        is_leaf=is_leaf,
-    )
-
-
-def shard_params(params, config, rules: LogicalRules):
-    """Places an existing parameter pytree with the rules' shardings."""
-    return jax.device_put(params, param_shardings(config, rules))
-
-
-def init_params_sharded(key: jax.Array, config, rules: LogicalRules):
-    """`init_params` compiled with the parameter shardings as outputs: each device only ever
-    materialises its own shards."""
-    from jaxagent.models.qwen import init_params
-
-    return jax.jit(init_params, static_argnums=1, out_shardings=param_shardings(config, rules))(key, config)
-
-
 def batch_sharding(rules: LogicalRules, ndim: int = 2, shape: Sequence[int] | None = None) -> NamedSharding:
     """Sharding of a [B, L, ...] input batch: batch over (data, fsdp), the rest replicated. With
     ``shape``, mesh axes that do not divide the batch are dropped (replicated) instead of failing."""

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from jaxagent.qd.graphs import NeedGraph
-from jaxagent.qd.metrics import NO_TOKENS, YES_TOKENS, _contains, is_yes_no, normalize_answer
+from jaxagent.qd.metrics import NO_TOKENS, YES_TOKENS, contains_tokens, is_yes_no, normalize_answer
 
 C_RET = 0.05
 GAIN_WEIGHT, REDUNDANCY_WEIGHT = 0.5, 0.1
@@ -251,7 +251,7 @@ def leaks_answer(question: str, answer: str, aliases: Sequence[str] = ()) -> boo
     tokens = normalize_answer(question).split()
     for gold in (answer, *aliases):
         g = normalize_answer(gold)
-        if g and g not in _YES_NO and _contains(tokens, g.split()):
+        if g and g not in _YES_NO and contains_tokens(tokens, g.split()):
             return True
     return False
 

@@ -49,7 +49,7 @@ class RoleFailed(RuntimeError):
     """A questioner, drafter or answerer call failed after its retries."""
 
 
-async def _call(what: str, retries: int, fn, *args):
+async def call_role(what: str, retries: int, fn, *args):
     """``await fn(*args)``, tried ``retries`` more times on failure; `RoleFailed` naming ``what`` after."""
     last: BaseException | None = None
     for _ in range(retries + 1):
@@ -124,7 +124,7 @@ async def run_episode(task: QATask, questioner: Questioner, drafter: Drafter, an
             prompt = render_state(question=task.question, benchmark=task.benchmark, evidence=_views(task, held),
                                   draft=draft, history=history)
             state = QDState(task, tuple(held), new, draft, tuple(history), prompt, t, tuple(len(x.new) for x in turns))
-            reply = await _call("questioner.act", config.retries, questioner.act, state,
+            reply = await call_role("questioner.act", config.retries, questioner.act, state,
                                 jax.random.fold_in(fork_key if replay is not None else key, t))
             spent("questioner", reply)
             action = parse_action(reply.text)
@@ -139,17 +139,17 @@ async def run_episode(task: QATask, questioner: Questioner, drafter: Drafter, an
             new = tuple(i for i in retrieved if i not in held)
             held += new
             units = [task.pool[i] for i in held]
-            answer = spent("drafter", await _call("drafter.resolve", config.retries, drafter.resolve, task, units,
+            answer = spent("drafter", await call_role("drafter.resolve", config.retries, drafter.resolve, task, units,
                                                   action.question))
-            draft = spent("drafter", await _call("drafter.draft", config.retries, drafter.draft, task, units))
+            draft = spent("drafter", await call_role("drafter.draft", config.retries, drafter.draft, task, units))
             history.append((action.question, answer))
             turns.append(QDTurn(action.question, retrieved, new, answer, action.rationale, action.parent_uids,
                                 question_tokens=count(action.question), completion_tokens=reply.completion_tokens,
                                 raw=reply.text, draft=draft))
         units = [task.pool[i] for i in held]
         if not turns:
-            draft = spent("drafter", await _call("drafter.draft", config.retries, drafter.draft, task, units))
-        final = spent("answerer", await _call("answerer.answer", config.retries, answerer.answer, task, units, draft))
+            draft = spent("drafter", await call_role("drafter.draft", config.retries, drafter.draft, task, units))
+        final = spent("answerer", await call_role("answerer.answer", config.retries, answerer.answer, task, units, draft))
     except RoleFailed as e:
         return QDRun(turns=tuple(turns), stop_reason=stop_reason if stop_reason != "max_turns" else "policy_stop",
                      malformed=malformed, draft=draft, tokens=tokens, failed=True, error=str(e), final_raw=final_raw,
@@ -198,4 +198,4 @@ async def run_suite(tasks: Sequence[QATask], questioner: Questioner, drafter: Dr
     return list(await asyncio.gather(*(one(t, s) for t in tasks for s in seeds)))
 
 
-__all__ = ["LoopConfig", "RoleFailed", "decision_prompts", "run_episode", "run_suite"]
+__all__ = ["LoopConfig", "RoleFailed", "call_role", "decision_prompts", "run_episode", "run_suite"]

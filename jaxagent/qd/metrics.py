@@ -510,7 +510,8 @@ def answer_f1(answer: str, gold: str, aliases: Sequence[str] = ()) -> float:
     return max(token_f1(answer, g) for g in (gold, *aliases))
 
 
-def _contains(tokens: Sequence[str], sub: Sequence[str]) -> bool:
+def contains_tokens(tokens: Sequence[str], sub: Sequence[str]) -> bool:
+    """Whether ``sub`` (non-empty) occurs as a contiguous run of ``tokens``."""
     n = len(sub)
     return n > 0 and any(list(tokens[i:i + n]) == list(sub) for i in range(len(tokens) - n + 1))
 
@@ -538,11 +539,12 @@ def answer_correct(answer: str, gold: str, aliases: Sequence[str] = ()) -> float
             return NAN
         golds += sorted(YES_TOKENS if normalize_answer(gold) in YES_TOKENS else NO_TOKENS)
     tokens = normalize_answer(answer).split()
-    return float(any(_contains(tokens, normalize_answer(g).split()) for g in golds))
+    return float(any(contains_tokens(tokens, normalize_answer(g).split()) for g in golds))
 
 
 __all__ = [
     "DONE_TOL", "DWR_WEIGHTS", "FRONTIER_CAPS", "ComponentBreadth", "DepthCell", "FrontierPoint", "SpendContrast",
+    "contains_tokens",
     "StopCells", "TaskPair", "answer_correct", "answer_f1", "breadth", "breadth_components", "budget_frontier",
     "coverage", "coverage_ladder", "deepest_resolved", "depth_coverage", "dwr", "equal_spend", "first_retrieval",
     "is_done", "is_hedge", "is_yes_no", "length_control", "length_matched_prefix", "need_recall",

@@ -51,7 +51,7 @@ from jaxagent.envs.retrieval_qa.tasks import QATask, Unit
 from jaxagent.envs.tau2.agents import wire_call
 from jaxagent.envs.tau2.domains.retail.tools import READ_TOOLS, WRITE_TOOLS, tool_schemas
 from jaxagent.qd.agents import QDState, Questioner, Reply, describe
-from jaxagent.qd.loop import RoleFailed, _call
+from jaxagent.qd.loop import RoleFailed, call_role
 from jaxagent.qd.prompts import STOP_JSON, EvidenceView, ask_json, first_json_object, parse_action, render_state
 from jaxagent.text.toolcalls import ToolCall
 
@@ -408,7 +408,7 @@ class Tau2QDAgent(Agent):
         self.log.append(turn)
         for t in range(self.config.max_decisions):
             state = self._state(len(turn["questions"]))
-            reply = await _call("questioner.act", r, self.questioner.act, state, jax.random.fold_in(self.key,
+            reply = await call_role("questioner.act", r, self.questioner.act, state, jax.random.fold_in(self.key,
                                                                                                    self.decisions))
             self.decisions += 1
             action = parse_action(reply.text)
@@ -419,7 +419,7 @@ class Tau2QDAgent(Agent):
                 turn["stop"] = "budget"
                 break
             self.questions += 1
-            call = await _call("selector.select", r, self.selector.select, action.question, self.context())
+            call = await call_role("selector.select", r, self.selector.select, action.question, self.context())
             found, new, rec = None, False, {"question": action.question, "call": None, "evidence": None, "new": False}
             if call is not None and call.name in READ_TOOLS:
                 res = self.reader(call.name, call.arguments)
@@ -435,13 +435,13 @@ class Tau2QDAgent(Agent):
             elif call is not None:
                 rec["call"] = {"name": call.name, "arguments": dict(call.arguments)}
                 rec["error"] = "not a read-only tool: nothing executed"
-            answer = await _call("drafter.resolve", r, self.drafter.resolve, self.context(), self.held, action.question,
+            answer = await call_role("drafter.resolve", r, self.drafter.resolve, self.context(), self.held, action.question,
                                  found)
-            self.draft = (await _call("drafter.draft", r, self.drafter.draft, self.context(), self.held)).text
+            self.draft = (await call_role("drafter.draft", r, self.drafter.draft, self.context(), self.held)).text
             self.history.append((action.question, answer.text))
             turn["questions"].append(rec)
         if not turn["questions"]:  # no question this turn: the draft still follows the conversation
-            self.draft = (await _call("drafter.draft", r, self.drafter.draft, self.context(), self.held)).text
+            self.draft = (await call_role("drafter.draft", r, self.drafter.draft, self.context(), self.held)).text
         turn["draft"] = self.draft
         _, plan, bad = split_plan(self.draft)
         turn["malformed_plan"] = bad
@@ -461,7 +461,7 @@ class Tau2QDAgent(Agent):
         return await self._answer(turn, [])
 
     async def _answer(self, turn: dict[str, Any], results: list[tuple[ToolCall, str]]) -> AgentMessage:
-        text = (await _call("answerer.answer", self.config.retries, self.answerer.answer, self.context(), self.held,
+        text = (await call_role("answerer.answer", self.config.retries, self.answerer.answer, self.context(), self.held,
                             self.draft, results)).text.strip() or "Could you tell me more about your request?"
         turn["answer"] = text
         turn["calls"] = [{"name": c.name, "arguments": dict(c.arguments)} for c in turn["calls"]]

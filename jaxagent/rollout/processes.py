@@ -36,7 +36,8 @@ import numpy as np
 
 from jaxagent.envs.base import Environment
 from jaxagent.models.generate import SamplingParams
-from jaxagent.models.sharding import LogicalRules, MeshConfig, make_mesh, shard_params
+from jaxagent.models.sharding import LogicalRules, MeshConfig, make_mesh
+from jaxagent.models.placement import shard_params
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.rollout.loop import run_episodes

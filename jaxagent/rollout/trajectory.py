@@ -1,4 +1,4 @@
-"""One record per episode, token-in/token-out, and the collator to the credit batch (host code).
+"""One record per episode, token-in/token-out (host code).
 
 A `Trajectory` is built from the `RenderedChat` a `ChatRenderer` finished (the tokens exactly as
 the model saw and produced them) plus what the environment reported. From the message spans it
@@ -19,9 +19,9 @@ derives:
 
 Per-token ``logprobs`` are aligned with ``tokens``: entry i is log pi(tokens[i] | tokens[:i])
 under the distribution that sampled it (the policy at the sampling temperature, with the
-sampler's filters; the raw policy for greedy turns; 0 where the token was not generated). `collate` pads a list of
-records into the `CreditBatch` plus the old log-probs, and `to_jsonl`/`from_jsonl` write and read
-a run's records.
+sampler's filters; the raw policy for greedy turns; 0 where the token was not generated).
+`to_jsonl`/`from_jsonl` write and read a run's records; `jaxagent.train.collate` pads records into
+the credit batch (rollout emits trajectories; training turns them into arrays).
 """
 
 from __future__ import annotations
@@ -34,9 +34,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from jaxagent.credit.batch import CreditBatch
-from jaxagent.credit.reaction import polarity_of
-from jaxagent.rollout.batch import HostBatch, Row, build_batch
 from jaxagent.text.spans import MessageSpan, RenderedChat
 
 Termination = Literal["done", "max_turns", "max_tokens", "simulator_failure", "format_error", "timeout"]
@@ -199,44 +196,4 @@ def from_jsonl(path: str | Path) -> list[Trajectory]:
     return out
 
 
-def collate_host(
-    records: Sequence[Trajectory],
-    *,
-    length: int | None = None,
-    turns: int | None = None,
-    multiple: int = 64,
-    polarity: Mapping[str, float] | None = None,
-) -> HostBatch:
-    """Records as `build_batch` rows: tokens, the sampler's log-probs, action and feedback spans,
-    U2U segments with the polarity of their reaction labels (`jaxagent.credit.reaction.polarity_of`;
-    ``polarity`` overrides the default map), the outcome reward, and group ids made dense in
-    ``[0, G)`` (the group statistics index segment sums by them).
-
-    ``length`` defaults to the longest record rounded up to ``multiple`` (a static shape);
-    ``turns`` to the most action turns."""
-    if not records:
-        raise ValueError("records: empty; expected at least one trajectory")
-    groups = np.unique([r.group_id for r in records], return_inverse=True)[1]
-    rows = []
-    for b, r in enumerate(records):
-        segments = [(members, None if label is None else float(polarity_of([label], polarity)[0]))
-                    for members, label in r.segments()]
-        rows.append(Row(tokens=r.tokens, loss_mask=r.loss_mask(), logprobs=r.logprobs, actions=r.action_spans(),
-                        feedback=r.feedback_spans(), segments=segments, reward=r.outcome_reward,
-                        group=int(groups[b])))
-    return build_batch(rows, length=length, turns=turns, multiple=multiple, noun="record",
-                       names=[r.task_id for r in records])
-
-
-def collate(
-    records: Sequence[Trajectory],
-    *,
-    length: int | None = None,
-    turns: int | None = None,
-    multiple: int = 64,
-    polarity: Mapping[str, float] | None = None,
-) -> tuple[CreditBatch, np.ndarray]:
-    """`collate_host`'s batch on the device (a `CreditBatch`) and the old log-probs [B, L] (entry
-    i scores token i)."""
-    host = collate_host(records, length=length, turns=turns, multiple=multiple, polarity=polarity)
-    return host.credit_batch(), host.logprobs_BL
+__all__ = ["TERMINATIONS", "Termination", "Trajectory", "from_jsonl", "to_jsonl"]

@@ -45,7 +45,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxagent.credit.losses import DPO_LOSS_TYPES, DPOLossType, dpo_loss, sequence_logp
 from jaxagent.models.config import ConfigError, QwenConfig
-from jaxagent.rollout.batch import Row, build_batch
+from jaxagent.train.batch import Row, build_batch
 from jaxagent.train.loop import Checkpointing, Hook, fit
 from jaxagent.train.step import (
     SKIP_CHECK_MIN_UPDATES,

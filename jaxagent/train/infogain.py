@@ -3,7 +3,7 @@ naive reference procedure (a Python loop over turns, the InfoPO reference code's
 
 The jitted modes themselves (``vmapped``, ``shared_prefix``) are pure code in
 `jaxagent.credit.infogain`; `compute_infogain` checks its arguments, sizes the shared-prefix
-packing from the batch's spans on the host (`jaxagent.rollout.batch.packed_length`) and calls
+packing from the batch's spans on the host (`jaxagent.train.batch.packed_length`) and calls
 them. ``naive`` builds each turn's two histories as token lists and scores them with a jitted
 teacher-forcing call, ``minibatch`` histories at a time: slow, and the reference the fast modes
 are tested against (to 1e-5 in float32).
@@ -22,7 +22,7 @@ from jaxagent.credit.infogain import (InfoGainOutput, Mode, PlaceholderMode, inf
                                       vmapped_jit)
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.qwen import Params, token_logprobs
-from jaxagent.rollout.batch import HostBatch, packed_length
+from jaxagent.train.batch import HostBatch, packed_length
 
 
 @functools.lru_cache(maxsize=32)
@@ -122,7 +122,7 @@ def compute_infogain(
     shared_prefix): rows run through the model at a time (None: all at once; see
     `token_logprobs`). ``temperature``: the log-probs are the policy's at the sampler's
     temperature (the distribution the RL trainer optimises; 1: the raw policy). ``host``: the
-    same batch's host arrays (`jaxagent.rollout.batch.build_batch`), when the caller has them:
+    same batch's host arrays (`jaxagent.train.batch.build_batch`), when the caller has them:
     the packed length is then computed from them, with no device round trip. Without
     ``packed_len``, the shared-prefix pass packs to the length its suffixes need rounded up to
     ``packed_multiple`` (a static shape)."""

@@ -53,16 +53,16 @@ from jaxagent.credit.losses import PPOConfig
 from jaxagent.credit.reaction import FacaConfig
 from jaxagent.credit.registry import make_terms, parse_credit
 from jaxagent.credit.terms import CreditTerm
-from jaxagent.envs.base import Environment
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.rollout.metrics import episode_metrics, failure_causes
 from jaxagent.rollout.processes import ProcessGroup, play_episodes
-from jaxagent.rollout.trajectory import Trajectory, collate_host
+from jaxagent.rollout.trajectory import Trajectory
 from jaxagent.text.chat import ChatRenderer
 from jaxagent.text.tokenizer import Tokenizer
+from jaxagent.train.collate import collate_host
 from jaxagent.train.infogain import compute_infogain
 from jaxagent.train.step import StepShardings, TrainState, make_update, ppo_loss_fn, sequence_scores
 
@@ -161,13 +161,14 @@ class RLTrainer:
     """Holds the policy state, the frozen reference, the engine and the jitted update."""
 
     def __init__(self, state: TrainState, tx: optax.GradientTransformation, *, config: QwenConfig,
-                 tokenizer: Tokenizer, make_env: Callable[[], Environment], settings: RLSettings, ppo: PPOConfig,
+                 tokenizer: Tokenizer, make_env: Callable[[], Any], settings: RLSettings, ppo: PPOConfig,
                  sampling: SamplingParams, episode: EpisodeConfig, engine: GenerationEngine,
                  infopo: InfoPOConfig | None = None, faca: FacaConfig | None = None,
                  grpo: GRPOConfig = GRPOConfig(), ref_params: Any = None,
                  lr_schedule: optax.Schedule | None = None, shardings: StepShardings | None = None,
                  processes: ProcessGroup | None = None, term_settings: Mapping[str, Any] | None = None):
-        """``settings.credit`` names the credit terms (`jaxagent.credit.registry.parse_credit`): the
+        """``make_env()`` gives each episode a fresh environment (the runner's, `jaxagent.rollout`:
+        training code never touches one). ``settings.credit`` names the credit terms (`jaxagent.credit.registry.parse_credit`): the
         built-in ones take ``grpo`` / ``infopo`` / ``faca``, any other registered term
         ``term_settings[name]`` (else its settings type's defaults)."""
         # the sampler's distribution: what the update, the reference and the info gain score

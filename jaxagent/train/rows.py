@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.models.config import QwenConfig
-from jaxagent.rollout.batch import Row, build_batch
+from jaxagent.train.batch import Row, build_batch
 from jaxagent.train.step import LossFn, sequence_scores
 
 

@@ -1,5 +1,5 @@
 """Synthetic multi-turn trajectories as `CreditBatch`es, for tests and benchmarks (host, numpy;
-built by the one batch builder, `jaxagent.rollout.batch.build_batch`).
+built by the one batch builder, `jaxagent.train.batch.build_batch`).
 
 Each row is laid out as an agent conversation would be: a prompt, then per turn an action, some
 template tokens, the feedback content, more template tokens; then right padding. Lengths are
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxagent.credit.batch import CreditBatch
-from jaxagent.rollout.batch import Row, build_batch
+from jaxagent.train.batch import Row, build_batch
 
 
 def synthetic_batch(

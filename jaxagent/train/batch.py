@@ -1,8 +1,8 @@
 """The one host-side batch builder: rows of token ids with their turn layout -> padded arrays.
 
-Every padded batch of the project is built here: RL episodes (`jaxagent.rollout.trajectory.collate`),
+Every padded batch of the project is built here: RL episodes (`jaxagent.train.collate.collate`),
 SFT demonstrations (`jaxagent.jobs.phases.sft_batch`), the synthetic batches of tests and
-benchmarks (`jaxagent.rollout.synthetic`), and hand-laid test batches. Host code (numpy); the
+benchmarks (`jaxagent.train.synthetic`), and hand-laid test batches. Host code (numpy); the
 device sees the result once, through `HostBatch.credit_batch`.
 
 A `Row` is one sequence: its tokens and, for credit assignment, where its action turns and the
