@@ -6,7 +6,8 @@ registered credit terms ``rl.credit`` names (`jaxagent.credit.registry`; ``grpo`
 group-normalised outcome, always present; ``infopo``: + beta * gate * A_info from the
 teacher-forced information gain of each feedback; ``faca``: + lambda * A_proc from the user's
 reactions; ``infopo+faca``: both; the host inputs a term ``needs`` come from `CREDIT_INPUTS`),
-scores the batch under the frozen reference policy for the KL term, and runs ``ppo_epochs`` passes of shuffled minibatches through the jitted update. The
+scores the batch under the frozen reference policy for the KL term, and runs ``ppo_epochs``
+passes of shuffled minibatches through the jitted update. The
 distribution trained is the sampler's (`sampler_view`: the policy at ``rollout.temperature``,
 limited to the tokenizer's ids): the old log-probs are the sampler's own, and the update, the
 reference and the info gain teacher-force at the same temperature, so the first minibatch's
@@ -168,9 +169,9 @@ class RLTrainer:
                  lr_schedule: optax.Schedule | None = None, shardings: StepShardings | None = None,
                  processes: ProcessGroup | None = None, term_settings: Mapping[str, Any] | None = None):
         """``make_env()`` gives each episode a fresh environment (the runner's, `jaxagent.rollout`:
-        training code never touches one). ``settings.credit`` names the credit terms (`jaxagent.credit.registry.parse_credit`): the
-        built-in ones take ``grpo`` / ``infopo`` / ``faca``, any other registered term
-        ``term_settings[name]`` (else its settings type's defaults)."""
+        training code never touches one). ``settings.credit`` names the credit terms
+        (`jaxagent.credit.registry.parse_credit`): the built-in ones take ``grpo`` / ``infopo`` /
+        ``faca``, any other registered term ``term_settings[name]`` (else its settings type's defaults)."""
         # the sampler's distribution: what the update, the reference and the info gain score
         self.view = sampler_view(sampling, tokenizer.vocab_size, config.vocab_size)
         self.state, self.config, self.tok = state, config, tokenizer
@@ -331,7 +332,8 @@ def credit_metrics(diag: Mapping[str, Any], turns: int) -> dict[str, Any]:
     a scalar as a float, a 1-D array (per action turn) as a list of its first ``turns`` entries,
     None where NaN (no valid turn of that index)."""
     out: dict[str, Any] = {}
-    for k, v in diag.items():
+    logged = jax.device_get({k: v for k, v in diag.items() if "/" in k or k == "zero_adv_group_share"})  # one transfer
+    for k, v in logged.items():
         if k.startswith("cover/") or k == "zero_adv_group_share":
             out[f"credit/{k}"] = float(v)
         elif "/" in k:

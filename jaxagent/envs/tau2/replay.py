@@ -85,9 +85,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from jaxagent.envs.tau2 import DEFAULT_DOMAIN, DOMAINS, get_domain, scoring
-from jaxagent.envs.tau2.db import db_hash, read_task_file
+from jaxagent.envs.tau2.db import db_hash
 from jaxagent.envs.tau2.domain import Domain
-from jaxagent.envs.tau2.tasks import Task, TaskError, load_task_set, parse_task
+from jaxagent.envs.tau2.tasks import Task, load_task_set, parse_task_list
 from jaxagent.envs.tau2.tools import ToolError
 
 __all__ = ["COMMANDS", "USER_TOOLS_UNAVAILABLE", "BadLine", "ReplayState", "ToolKitBase", "encode", "handle",
@@ -135,13 +135,7 @@ def load_tasks(domain: str = DEFAULT_DOMAIN, path: str | Path | None = None) -> 
             except FileNotFoundError:   # a split the package does not ship
                 continue
         return tasks
-    raw = read_task_file(Path(path))
-    parsed = [parse_task(t, i, domain) for i, t in enumerate(raw)]
-    ids = [t.id for t in parsed]
-    dup = sorted({x for x in ids if ids.count(x) > 1})
-    if dup:
-        raise TaskError(f"{path}: task ids {dup} occur more than once; expected unique ids")
-    return {t.id: t for t in parsed}
+    return parse_task_list(json.loads(Path(path).read_text(encoding="utf-8")), str(path), domain)
 
 
 def new_state(domain: str = DEFAULT_DOMAIN, tasks_file: str | Path | None = None) -> ReplayState:
@@ -489,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return 0
     try:
-        state = ReplayState(domain, load_tasks(args.domain, args.tasks))
+        state = new_state(args.domain, args.tasks)
     except (OSError, ValueError) as e:
         print(f"replay: --tasks={args.tasks!r}: {e}", file=sys.stderr)
         return 2

@@ -13,11 +13,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
+from jaxagent.envs import tau2
 from jaxagent.envs.llm_user import LLMUserConfig
 from jaxagent.envs.registry import (DemoPlan, DemoRequest, EnvContext, EnvSetup, EnvSpec, HostEval, HostEvalRequest,
                                     HostEvalResult, resolve_env)
 
-DOMAINS = ("retail",)
+DOMAINS = tuple(tau2.DOMAINS)
+"""The tau2 domains ``env.tau2.domain`` may name (`jaxagent.envs.tau2.DOMAINS`)."""
 
 
 def _help(default, text: str):
@@ -28,7 +30,7 @@ def _help(default, text: str):
 class Tau2Section:
     """``env.tau2``: which tau2 domain and tasks, the customer, the scoring and the episode limits."""
 
-    domain: Literal["retail"] = _help("retail", "the tau2 domain (env.kind=tau2)")
+    domain: str = _help(tau2.DEFAULT_DOMAIN, "the tau2 domain (env.kind=tau2): " + ", ".join(DOMAINS))
     data_dir: str | None = _help(None, "tau2 retail data (db.json, policy.md, tasks_*.json); null: the packaged copy")
     split: Literal["train"] = "train"
     tasks: str = _help("all", "task selection: all, a slice start:stop of the file order, or ids a,b,c")

@@ -133,16 +133,21 @@ def load_task_set(data_dir: str | Path | None = None, split: str = "train", *,
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no tau2 {domain} task file (env.tau2.data_dir={str(data_dir)!r}; "
                                     f"expected a directory holding {d.task_files[split]})")
-        raw = json.loads(path.read_text())
-        if not isinstance(raw, list):
-            raise TaskError(f"{path}: top level is {type(raw).__name__}; expected a list of tasks")
-        tasks = [parse_task(t, i, domain) for i, t in enumerate(raw)]
-        ids = [t.id for t in tasks]
-        dup = sorted({x for x in ids if ids.count(x) > 1})
-        if dup:
-            raise TaskError(f"{path}: task ids {dup} occur more than once; expected unique ids")
-        _CACHE[key] = {t.id: t for t in tasks}
+        _CACHE[key] = parse_task_list(json.loads(path.read_text()), str(path), domain)
     return dict(_CACHE[key])
+
+
+def parse_task_list(raw: Any, source: str, domain: str = DEFAULT_DOMAIN) -> dict[str, Task]:
+    """A task file's content (a JSON list of tau2 task objects) of ``domain`` -> ``{task id: Task}`` in
+    order; `TaskError` naming ``source`` for another top level or a repeated id (and `parse_task`'s)."""
+    if not isinstance(raw, list):
+        raise TaskError(f"{source}: top level is {type(raw).__name__}; expected a list of tasks")
+    tasks = [parse_task(t, i, domain) for i, t in enumerate(raw)]
+    ids = [t.id for t in tasks]
+    dup = sorted({x for x in ids if ids.count(x) > 1})
+    if dup:
+        raise TaskError(f"{source}: task ids {dup} occur more than once; expected unique ids")
+    return {t.id: t for t in tasks}
 
 
 def select_tasks(tasks: Mapping[str, Task], spec: str | Sequence[str] | None) -> list[str]:
@@ -195,6 +200,7 @@ __all__ = [
     "TaskError",
     "load_task_set",
     "parse_task",
+    "parse_task_list",
     "render_instructions",
     "render_scenario",
     "select_tasks",
