@@ -114,3 +114,17 @@ def test_conditions_always_include_grpo_and_control():
     assert b.parse_args(["--conditions", "infopo,grpo"]).conditions == ["grpo", "control", "infopo"]
     with pytest.raises(SystemExit):
         b.parse_args(["--conditions", "nonsense"])
+
+
+def test_warm_starts_report_each_seed_and_flag_a_collapse(tmp_path):
+    good = {"success": 0.9, "sampled/success": 0.8}
+    runs = {0: {"grpo": {**_run({"t": 1.0}), "before": good}},
+            2: {"grpo": {**_run({"t": 1.0}), "before": {"success": 0.16, "sampled/success": 0.1}}}}
+    w = b.warm_starts(runs, {0: 0.001, 2: 0.043})
+    assert w["warm_start"][2] == {"sft_final_loss": 0.043, "greedy_success": 0.16, "sampled_success": 0.1}
+    assert w["warm_start_min_greedy_success"] == 0.16 and w["warm_start_ok"] is False
+    assert b.warm_starts({0: runs[0]}, {0: 0.001})["warm_start_ok"] is True
+    (tmp_path / "metrics.jsonl").write_text('{"phase": "sft", "step": 0, "loss": 6.9}\n'
+                                           '{"phase": "sft", "step": 599, "loss": 0.002}\n'
+                                           '{"phase": "eval", "step": 600, "success": 1.0}\n')
+    assert b.sft_final_loss(tmp_path) == 0.002 and b.sft_final_loss(tmp_path / "none") is None

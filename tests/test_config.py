@@ -85,7 +85,7 @@ def test_sft_optimizer_has_its_own_warmup():
     from jaxagent.jobs import sft_optim
 
     o = sft_optim(load_config())
-    assert (o.lr, o.warmup_steps, o.schedule, o.decay_steps) == (1e-2, 10, "cosine", 590)
+    assert (o.lr, o.warmup_steps, o.schedule, o.decay_steps) == (1e-2, 10, "cosine", 990)
     assert load_config().optim.warmup_steps == 0
     o = sft_optim(load_config(None, ["sft.warmup_steps=null", "optim.warmup_steps=3", "sft.steps=100"]))
     assert (o.warmup_steps, o.decay_steps) == (3, 97)

@@ -198,7 +198,7 @@ class TestFuse(chex.TestCase):
         A, d = fn(BATCH, None, None, None, GRPOConfig(normalize_std=False))  # outcome only, Dr. GRPO
         np.testing.assert_allclose(A, expected_tokens([0.5, -0.5, 0, 0], 0 * A_INFO, 0 * A_PROC), rtol=1e-6)
         # no info or reaction term: their diagnostics are absent; the coverage ones are by hand
-        assert set(d) == {"A_ext_B", "cover/ext", "cover/total", "zero_adv_group_share"}
+        assert set(d) == {"A_ext_B", "cover/ext", "cover/total", "zero_adv_group_share", "credit/all_zero_group_share"}
         agent = np.asarray(BATCH.loss_mask_BL) != 0
         moved = agent & (np.asarray([0.5, -0.5, 0, 0])[:, None] != 0)
         assert float(d["cover/ext"]) == float(d["cover/total"]) == pytest.approx(moved.sum() / agent.sum())

@@ -15,6 +15,9 @@ Shapes: B trajectories, L tokens, T action turns (padded), Q U2U segments (padde
 - ``segment_polarity_BQ`` float32: polarity (+1/0/-1) of the user reaction that follows segment q.
 - ``segment_valid_BQ`` bool: segment q exists (and was followed by a user reaction).
 - ``reward_B`` float32: the outcome reward; ``group_id_B`` int32: rollouts sharing a prompt.
+- ``feedback_kind_BT`` int32 or None: what the feedback o_t is, as the environment marked its
+  messages (`jaxagent.envs.base.FEEDBACK_KINDS`): 0 unmarked, 1 information, 2 a correction (a
+  tool error, a request to ask differently); None when no record carries marks.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class CreditBatch:
     segment_valid_BQ: jax.Array
     reward_B: jax.Array
     group_id_B: jax.Array
+    feedback_kind_BT: jax.Array | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -54,6 +58,8 @@ class CreditBatch:
         chex.assert_shape(self.turn_valid_BT, (B, T))
         chex.assert_shape([self.segment_polarity_BQ, self.segment_valid_BQ], (B, Q))
         chex.assert_shape([self.reward_B, self.group_id_B], (B,))
+        if self.feedback_kind_BT is not None:
+            chex.assert_shape(self.feedback_kind_BT, (B, T))
         chex.assert_type([self.tokens_BL, self.turn_idx_BL, self.segment_idx_BL, self.group_id_B], jnp.int32)
         return self
 

@@ -131,11 +131,13 @@ def infogain_vmapped(
     chunk_size: int = 512,
     row_chunk: int | None = None,
     temperature: float = 1.0,
+    vocab_limit: int | None = None,
 ) -> InfoGainOutput:
     """Every counterfactual history through one batched teacher-forcing call ([B*T, Lc]).
 
     ``factual_logp_BL``: the trajectories' next-token log-probs (the old-log-prob pass); computed
     here when not given. ``row_chunk``: rows scored at a time (see `token_logprobs`).
+    ``temperature`` / ``vocab_limit``: the distribution scored, the sampler's (`token_logprobs`).
     """
     B, L = batch.tokens_BL.shape
     T = batch.action_span_BT2.shape[1]
@@ -144,6 +146,7 @@ def infogain_vmapped(
         factual_logp_BL = token_logprobs(
             params, batch.tokens_BL, config=config, segment_ids_BL=batch.pad_mask_BL.astype(jnp.int32),
             attn_impl=attn_impl, chunk_size=chunk_size, row_chunk=row_chunk, temperature=temperature,
+            vocab_limit=vocab_limit,
         )
     nxt = _next_action_span(batch)
     fact = _sum_over_action(factual_logp_BL, nxt)
@@ -152,7 +155,7 @@ def infogain_vmapped(
     lp = token_logprobs(
         params, cf_tokens.reshape(B * T, Lc), config=config,
         segment_ids_BL=cf_mask.reshape(B * T, Lc).astype(jnp.int32), attn_impl=attn_impl, chunk_size=chunk_size,
-        row_chunk=row_chunk, temperature=temperature,
+        row_chunk=row_chunk, temperature=temperature, vocab_limit=vocab_limit,
     )
     cf = _sum_over_action(lp, cf_span.reshape(B * T, 1, 2)).reshape(B, T)
     act_len = nxt[..., 1] - nxt[..., 0]
@@ -222,6 +225,7 @@ def infogain_shared_prefix(
     chunk_size: int = 512,
     row_chunk: int | None = None,
     temperature: float = 1.0,
+    vocab_limit: int | None = None,
 ) -> InfoGainOutput:
     """One packed teacher-forcing pass per trajectory: the trajectory, then each valid turn's
     counterfactual suffix. Returns r_info and, as a by-product, the trajectories' next-token
@@ -236,7 +240,7 @@ def infogain_shared_prefix(
     def packed_logprobs(rows: CreditBatch):  # layout and pass for some rows: their [b, Lp, Lp] masks only
         tokens, positions, mask, act_start, _ = shared_prefix_layout(rows, ph_P, packed_len, placeholder_mode)
         lp = token_logprobs(params, tokens, config=config, positions_BL=positions, mask_BLS=mask, attn_impl=attn_impl,
-                            chunk_size=chunk_size, temperature=temperature)
+                            chunk_size=chunk_size, temperature=temperature, vocab_limit=vocab_limit)
         return lp, act_start
 
     if row_chunk is not None and 0 < row_chunk < B:
@@ -255,11 +259,11 @@ def infogain_shared_prefix(
 
 vmapped_jit = jax.jit(infogain_vmapped,
                        static_argnames=("config", "placeholder_mode", "attn_impl", "chunk_size", "row_chunk",
-                                        "temperature"))
+                                        "temperature", "vocab_limit"))
 shared_prefix_jit = jax.jit(
     infogain_shared_prefix,
     static_argnames=("config", "packed_len", "placeholder_mode", "attn_impl", "chunk_size", "row_chunk",
-                     "temperature"),
+                     "temperature", "vocab_limit"),
 )
 
 

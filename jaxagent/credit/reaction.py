@@ -81,14 +81,32 @@ class FacaConfig:
     force_lambda: allow ``lam > 0.5`` (never a negative lam).
     ablation: "none" | "shift" | "random" | "reverse" (see the module docstring).
     eps: added to the std in the z-normalisation denominator.
+    polarity: label -> polarity (-1, 0 or +1) overriding ``DEFAULT_POLARITY`` for those labels
+    (``faca.polarity.be_vague=0``: a vague reply credits nothing); `polarity_map` is the result.
+    The labels are checked against those the environment declares where the run is configured.
     """
 
     lam: float = 0.5
     force_lambda: bool = False
     ablation: Literal["none", "shift", "random", "reverse"] = "none"
     eps: float = 1e-6
+    polarity: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def __hash__(self) -> int:  # static under jit: the mapping hashed by its items
+        return hash((self.lam, self.force_lambda, self.ablation, self.eps, tuple(sorted(self.polarity.items()))))
+
+    def polarity_map(self) -> dict[str, int]:
+        """``DEFAULT_POLARITY`` with ``polarity``'s entries over it (labels normalised)."""
+        return {**DEFAULT_POLARITY, **{_norm_label(k): int(v) for k, v in self.polarity.items()}}
 
     def __post_init__(self):
+        if not isinstance(self.polarity, Mapping):
+            raise ValueError(f"FacaConfig.polarity={self.polarity!r}: expected a mapping label -> -1, 0 or +1")
+        for k, v in self.polarity.items():
+            if not isinstance(k, str) or not k.strip():
+                raise ValueError(f"FacaConfig.polarity: label {k!r}: expected a non-empty string")
+            if isinstance(v, bool) or v not in (-1, 0, 1):
+                raise ValueError(f"FacaConfig.polarity[{k!r}]={v!r}: expected -1, 0 or +1")
         check_bool("FacaConfig", "force_lambda", self.force_lambda)
         lam = self.lam
         if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam < 0:
@@ -198,6 +216,8 @@ def reaction_telemetry(
       all equal (a single-member group counts as homogeneous).
     - ``proc_l1_share``: sum |lam * A_proc| / (sum |A_out| + sum |lam * A_proc|) over agent tokens,
       the process branch's share of the L1 advantage mass.
+    - ``nonconstant_cell_share``: of the (group, segment q) cells with at least two valid
+      segments, the share whose (raw) reactions differ: where Faca has anything to compare.
 
     A_proc_BL: unweighted ``[B, L]`` (``broadcast_segments``); A_out_BL: ``[B, L]`` the rest of
     the advantage (outcome + info terms).
@@ -210,6 +230,17 @@ def reaction_telemetry(
     stats = group_stats(reward_B, group_id_B, valid_B, num_groups)  # valid_B: batch-padding rows excluded
     present_G = stats.count_G > 0
     proc_l1 = jnp.sum(jnp.abs(lam * A_proc_BL))
+    B, Q = r_BQ.shape
+    G = B if num_groups is None else int(num_groups)
+    gid_B = jnp.asarray(group_id_B, jnp.int32)
+    row_ok_B = (gid_B >= 0) & (gid_B < G) & (jnp.ones((B,), bool) if valid_B is None else jnp.asarray(valid_B, bool))
+    cell_N = jnp.where(v_BQ & row_ok_B[:, None], gid_B[:, None] * Q + jnp.arange(Q, dtype=jnp.int32)[None, :],
+                       G * Q).reshape(-1)
+    r_N = r_BQ.reshape(-1)
+    n_C = jax.ops.segment_sum(jnp.ones_like(r_N), cell_N, num_segments=G * Q + 1)[: G * Q]
+    hi_C = jax.ops.segment_max(r_N, cell_N, num_segments=G * Q + 1)[: G * Q]
+    lo_C = jax.ops.segment_min(r_N, cell_N, num_segments=G * Q + 1)[: G * Q]
+    pairs_C = n_C >= 2
     return {
         "positive_reaction_rate": safe_ratio(
             jnp.sum(v_BQ & (r_BQ > 0)).astype(jnp.float32), jnp.sum(v_BQ).astype(jnp.float32)
@@ -221,6 +252,8 @@ def reaction_telemetry(
             jnp.sum(present_G & stats.degenerate_G).astype(jnp.float32), jnp.sum(present_G).astype(jnp.float32)
         ),
         "proc_l1_share": safe_ratio(proc_l1, jnp.sum(jnp.abs(A_out_BL)) + proc_l1),
+        "nonconstant_cell_share": safe_ratio(jnp.sum(pairs_C & (hi_C > lo_C), dtype=jnp.float32),
+                                             jnp.sum(pairs_C, dtype=jnp.float32)),
     }
 
 

@@ -11,6 +11,12 @@ and an info dict. Several agent messages and tool calls may come between two use
 Malformed or unknown tool calls never raise: the environment answers them with a tool message
 that says what was wrong, and counts them in ``info["tool_errors"]``.
 
+A message may say what kind of feedback it is (``kind``: ``information``, an answer to what the
+agent asked; ``correction``, a tool error or a request to ask differently) and, where the
+environment can enumerate them, the replies it could have been given what the agent knew
+(``alternatives``, with their probabilities, the actual one among them): InfoPO's marginal prior
+and its ``exclude_corrections`` option read them (`jaxagent.credit.infopo`).
+
 An `Agent` is the other side: it acts on what the environment says (the episode runner,
 `jaxagent.rollout.runner`, drives both; environments drive nothing). A `Demo` is one demonstration
 episode as chat messages (what SFT trains on): an environment family offers them through its
@@ -29,12 +35,19 @@ from typing import Any
 from jaxagent.text.toolcalls import ToolCall
 
 
+#: What a feedback message is (``EnvMessage.kind``); their codes in the credit batch are 1 and 2 (0: unmarked).
+FEEDBACK_KINDS = ("information", "correction")
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvMessage:
     """A message from the environment: ``role`` is ``system``, ``user`` or ``tool``.
 
     ``reaction`` is the simulated user's private strategy label (user messages only; kept off
-    the agent's tokens). ``tool_call_id`` names the call a tool message answers.
+    the agent's tokens). ``tool_call_id`` names the call a tool message answers. ``kind``: one of
+    `FEEDBACK_KINDS` or None (unmarked). ``alternatives``: ``((text, probability), ...)``, the
+    contents this message could have had given what the agent knew (probabilities > 0, summing
+    to 1; ``content`` among the texts), or None (not enumerated). Neither reaches the agent.
     """
 
     role: str
@@ -42,6 +55,8 @@ class EnvMessage:
     reaction: str | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    kind: str | None = None
+    alternatives: tuple[tuple[str, float], ...] | None = None
 
     def __post_init__(self):
         if self.role not in ("system", "user", "tool"):
@@ -49,6 +64,18 @@ class EnvMessage:
         if self.reaction is not None and self.role != "user":
             raise ValueError(f"EnvMessage.reaction={self.reaction!r} on a {self.role!r} message: only user "
                              "messages carry a reaction")
+        if self.kind is not None and self.kind not in FEEDBACK_KINDS:
+            raise ValueError(f"EnvMessage.kind={self.kind!r}: expected one of {FEEDBACK_KINDS} or None")
+        if self.alternatives is not None:
+            alts = self.alternatives
+            if not alts or any(not isinstance(t, str) or isinstance(p, bool) or not 0 < p <= 1 for t, p in alts):
+                raise ValueError(f"EnvMessage.alternatives={alts!r}: expected a non-empty tuple of (text, "
+                                 "probability in (0, 1]) pairs")
+            total = sum(p for _, p in alts)
+            if abs(total - 1.0) > 1e-6:
+                raise ValueError(f"EnvMessage.alternatives: probabilities sum to {total}, expected 1")
+            if self.content not in {t for t, _ in alts}:
+                raise ValueError(f"EnvMessage.alternatives: the content {self.content!r} is not among them")
 
     def to_chat(self) -> dict[str, Any]:
         """The message as the agent's chat template sees it (no reaction label)."""

@@ -142,6 +142,9 @@ class EnvSpec:
     - ``max_reward``: the most outcome reward of one episode (a number, or a function of the settings).
     - ``reaction_labels``: the private labels its users attach to their messages (Faca).
     - ``user_tools``: whether its user acts with tools of its own (dual control).
+    - ``reply_alternatives``: whether it enumerates the replies its feedback could have been
+      (`EnvMessage.alternatives`; a bool, or a function of the settings): InfoPO's
+      ``infopo.prior=marginal`` needs them.
     - ``demonstrations(ctx, setup, request)``: SFT data, a list of `Demo` or a `DemoPlan` (an expert
       agent's episodes, played through the runner); None: ``job=sft`` refused.
     - ``host_agents`` / ``host_eval(ctx, request, setup) -> HostEval``: agents other than the policy
@@ -162,6 +165,7 @@ class EnvSpec:
     max_reward: float | Callable[[Any], float] = 1.0
     reaction_labels: tuple[str, ...] = ()
     user_tools: bool = False
+    reply_alternatives: bool | Callable[[Any], bool] = False
     demonstrations: Callable[[EnvContext, EnvSetup, DemoRequest], Sequence[Demo] | DemoPlan] | None = None
     host_agents: tuple[str, ...] = ()
     host_eval: Callable[[EnvContext, HostEvalRequest, EnvSetup], HostEval] | None = None
@@ -183,6 +187,11 @@ class EnvSpec:
     def top_reward(self, settings: Any) -> float:
         """`max_reward` for ``settings``."""
         return float(self.max_reward(settings) if callable(self.max_reward) else self.max_reward)
+
+    def enumerates_replies(self, settings: Any) -> bool:
+        """`reply_alternatives` for ``settings``."""
+        r = self.reply_alternatives
+        return bool(r(settings) if callable(r) else r)
 
     def run_label(self, settings: Any) -> str:
         return self.label(settings) if self.label is not None else self.name

@@ -29,7 +29,7 @@ from jaxagent.envs.tau2.spec import tau2_domain
 from jaxagent.jobs.registry import job_names
 from jaxagent.jobs.sections import (BUILTIN_TOKENIZER, CheckpointSection, DPOSection, EnvSection,
                                     EvalSection, ModelSection, RolloutSection, SFTSection, at_least,
-                                    env_settings, helped, number_in)
+                                    check_credit, env_settings, helped, number_in)
 from jaxagent.models.sharding import MeshConfig
 from jaxagent.train.rl import RLSettings
 from jaxagent.train.step import OptimSettings
@@ -268,6 +268,7 @@ class RunConfig:
                              f"{self.env.kind!r}; expected a tokenizer directory (e.g. the checkpoint's, as "
                              "model.path)")
         check_timeout(self)
+        check_credit(self)
         if self.job == "dpo" and self.dpo.data is None:
             raise ValueError("dpo.data=None: job=dpo trains on preference pairs; expected a pairs file (job=qd_label's "
                              "pairs.jsonl)")

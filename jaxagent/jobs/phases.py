@@ -230,7 +230,7 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
     def step(i, trainer):
         rng = step_rng(cfg.seed, "rl", i)
         tasks = [run.train_tasks[j] for j in rng.choice(len(run.train_tasks), cfg.rl.tasks_per_step, replace=False)]
-        metrics, trajs = trainer.iteration(tasks, step_key(cfg.seed, "rl", i))
+        metrics, trajs = trainer.iteration(tasks, step_key(cfg.seed, "rl", i), index=i)
         return trainer, {"metrics": metrics, "trajs": trajs}
 
     def log(i, trainer, out):

@@ -84,6 +84,8 @@ class PolicyAgent(Agent):
         self.chat: ChatRenderer | None = None
         self.task_id = ""
         self.labels: dict[int, str] = {}
+        self.kinds: dict[int, str] = {}
+        self.alternatives: dict[int, list[tuple[list[int], float]]] = {}
         self.gen_lps: list[list[float]] = []
         self.counters = {"format_errors": 0, "truncated_replies": 0}
 
@@ -125,9 +127,13 @@ class PolicyAgent(Agent):
         if len(trial.tokens) + GEN_PROMPT_MARGIN > self.config.max_tokens:
             return False
         self.chat = trial
-        for span, m in zip(spans, msgs):
+        for span, m, (_, cut) in zip(spans, msgs, clipped):
             if m.reaction is not None:
                 self.labels[span.index] = m.reaction
+            if m.kind is not None:
+                self.kinds[span.index] = m.kind
+            if m.alternatives is not None and not cut:  # a clipped reply is none of them
+                self.alternatives[span.index] = [(self.chat.encode_content(text), p) for text, p in m.alternatives]
         return True
 
     async def aclose(self) -> None:
@@ -144,7 +150,8 @@ class PolicyAgent(Agent):
         return Trajectory.from_rendered(
             chat.finish(), task_id=episode.task_id, group_id=group_id, generated_logprobs=self.gen_lps,
             turn_rewards=episode.rewards, outcome_reward=episode.outcome, reaction_labels=self.labels,
-            termination=episode.termination, timings=episode.timings, info=info, final_reaction=episode.final_reaction)
+            termination=episode.termination, timings=episode.timings, info=info, final_reaction=episode.final_reaction,
+            message_kinds=self.kinds, alternatives=self.alternatives)
 
 
 async def run_episode(

@@ -14,7 +14,8 @@ from jaxagent.rollout.trajectory import Trajectory
 
 def episode_metrics(trajs: Sequence[Trajectory], success_threshold: float = 1.0) -> dict[str, Any]:
     """Success rate, reward, turns, response lengths and terminations of a list of episodes (failed
-    ones included, as outcome 0), and the simulator's calls (`sim_metrics`)."""
+    ones included, as outcome 0), the simulator's calls (`sim_metrics`) and, where the environment
+    marks its feedback, the kinds of feedback (`feedback_metrics`)."""
     rewards = np.asarray([t.outcome_reward for t in trajs], np.float64)
     turns = np.asarray([len(t.action_spans()) for t in trajs], np.float64)
     gen = np.asarray([sum(e - s for s, e in t.action_spans()) for t in trajs], np.float64)
@@ -33,12 +34,25 @@ def episode_metrics(trajs: Sequence[Trajectory], success_threshold: float = 1.0)
     for term in sorted({t.termination for t in trajs}):
         out[f"termination/{term}"] = int(sum(t.termination == term for t in trajs))
     out.update(sim_metrics(trajs))
+    out.update(feedback_metrics(trajs))
     # InfoPO's length-reward correlation diagnostic (0 when either side is constant)
     if len(trajs) > 1 and gen.std() > 0 and rewards.std() > 0:
         out["length_reward_corr"] = float(np.corrcoef(gen, rewards)[0, 1])
     else:
         out["length_reward_corr"] = 0.0
     return out
+
+
+def feedback_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """The kinds of the feedback the episodes' actions drew (`Trajectory.feedback_kinds`), over
+    the turns followed by feedback the environment marked: ``feedback/information_share``,
+    ``feedback/correction_share`` and ``feedback/marked_turns``; nothing when no record has marks."""
+    kinds = [k for t in trajs if getattr(t, "message_kinds", None) for k in t.feedback_kinds() if k]
+    if not kinds:
+        return {}
+    n = len(kinds)
+    return {"feedback/information_share": sum(k == 1 for k in kinds) / n,
+            "feedback/correction_share": sum(k == 2 for k in kinds) / n, "feedback/marked_turns": float(n)}
 
 
 def sim_metrics(trajs: Sequence[Trajectory]) -> dict[str, int]:
@@ -86,4 +100,4 @@ def failure_causes(trajs: Sequence[Trajectory]) -> str:
     return " ".join(text.split())  # one line
 
 
-__all__ = ["episode_metrics", "failure_causes", "failures_by_kind", "sim_metrics"]
+__all__ = ["episode_metrics", "failure_causes", "failures_by_kind", "feedback_metrics", "sim_metrics"]

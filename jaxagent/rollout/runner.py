@@ -156,6 +156,8 @@ async def _run(env: Environment, agent: Agent, task_id: str, seed: int, config: 
             counters["tool_errors"] = int(step.info.get("tool_errors", counters["tool_errors"]))
             counters["simulator_retries"] += int(step.info.get("simulator_retries", 0))  # client-side retries
             if step.done:  # the user's reaction to the last segment: not observed (no action follows it)
+                if "partial" in step.info:  # a graded score beside a binary outcome (the gyms')
+                    counters["partial"] = float(step.info["partial"])
                 final = list(step.messages)
                 final_reaction = last_reaction(step.messages, final_reaction)
                 termination = "done"

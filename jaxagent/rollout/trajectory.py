@@ -17,6 +17,11 @@ derives:
   the episode, whose messages are not appended to the tokens (no action follows them): it is kept
   as ``final_reaction`` and labels that last segment.
 
+What the environment said of its messages (`jaxagent.envs.base.EnvMessage`) is kept per message
+as well: ``message_kinds`` (information / correction, or None) and ``alternatives`` (the token
+ids of the replies a message could have been, with their probabilities); per action turn they
+give `feedback_kinds` and `feedback_alternatives`.
+
 Per-token ``logprobs`` are aligned with ``tokens``: entry i is log pi(tokens[i] | tokens[:i])
 under the distribution that sampled it (the policy at the sampling temperature, with the
 sampler's filters; the raw policy for greedy turns; 0 where the token was not generated).
@@ -57,6 +62,10 @@ class Trajectory:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     # the label of the user message that ended the episode (not in the tokens): the last segment's
     final_reaction: str | None = None
+    # per message: "information" / "correction" / None (empty: none marked)
+    message_kinds: list[str | None] = dataclasses.field(default_factory=list)
+    # [message index, [[content token ids, probability], ...]] for each message with alternatives
+    alternatives: list[list] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         if len(self.logprobs) != len(self.tokens):
@@ -64,6 +73,13 @@ class Trajectory:
         if len(self.reaction_labels) != len(self.spans):
             raise ValueError(f"reaction_labels: length {len(self.reaction_labels)}, expected one per span "
                              f"({len(self.spans)})")
+        if self.message_kinds and len(self.message_kinds) != len(self.spans):
+            raise ValueError(f"message_kinds: length {len(self.message_kinds)}, expected one per span "
+                             f"({len(self.spans)}) or none")
+        for entry in self.alternatives:
+            i = entry[0]
+            if not 0 <= i < len(self.spans) or self.spans[i].generated:
+                raise ValueError(f"alternatives: message {i} is not an environment message of this record")
         if self.termination not in TERMINATIONS:
             raise ValueError(f"termination={self.termination!r}: expected one of {TERMINATIONS}")
         if len(self.turn_rewards) != len(self.action_spans()):
@@ -97,6 +113,33 @@ class Trajectory:
             else:
                 end = self.spans[i].end
                 out.append((end, end))
+        return out
+
+    def _between(self) -> list[list[int]]:
+        """Per action turn, the indices of the messages between it and the next action."""
+        acts = self._action_indices()
+        return [list(range(i + 1, acts[k + 1] if k + 1 < len(acts) else len(self.spans)))
+                for k, i in enumerate(acts)]
+
+    def feedback_kinds(self) -> list[int]:
+        """Per action turn, what its feedback is: 2 when a message of it is a correction, else 1
+        when one is information, else 0 (unmarked)."""
+        kinds = self.message_kinds or [None] * len(self.spans)
+        out = []
+        for idx in self._between():
+            ks = {kinds[i] for i in idx}
+            out.append(2 if "correction" in ks else 1 if "information" in ks else 0)
+        return out
+
+    def feedback_alternatives(self) -> list[list[tuple[tuple[int, int], list[tuple[list[int], float]]]] | None]:
+        """Per action turn, the replies its feedback could have been: for each of its messages
+        with alternatives, ``((content_start, content_end), [(token ids, probability), ...])``;
+        None for a turn whose feedback has none (deterministic given the history)."""
+        by_msg = {int(e[0]): [(list(ids), float(p)) for ids, p in e[1]] for e in self.alternatives}
+        out = []
+        for idx in self._between():
+            got = [((self.spans[i].content_start, self.spans[i].content_end), by_msg[i]) for i in idx if i in by_msg]
+            out.append(got or None)
         return out
 
     def segments(self) -> list[tuple[list[int], str | None]]:
@@ -135,11 +178,15 @@ class Trajectory:
         timings: Mapping[str, float] | None = None,
         info: Mapping[str, Any] | None = None,
         final_reaction: str | None = None,
+        message_kinds: Mapping[int, str] | None = None,
+        alternatives: Mapping[int, Sequence[tuple[Sequence[int], float]]] | None = None,
     ) -> Trajectory:
         """A record from a finished `RenderedChat`. ``generated_logprobs[k]`` are the policy
         log-probs of the k-th generated message's tokens (as `generate` returned them, stop token
         included); ``reaction_labels`` maps message index -> the user's private label;
-        ``final_reaction``: the label of the user message that ended the episode (not rendered)."""
+        ``final_reaction``: the label of the user message that ended the episode (not rendered);
+        ``message_kinds``: message index -> feedback kind; ``alternatives``: message index ->
+        [(content token ids, probability), ...]."""
         spans = list(record.spans)
         logprobs = np.zeros(len(record.tokens), np.float64)
         gen = [s for s in spans if s.generated]
@@ -156,10 +203,15 @@ class Trajectory:
             if not 0 <= i < len(spans) or spans[i].role != "user":
                 raise ValueError(f"reaction_labels[{i}]: expected the index of a user message")
             labels[i] = label
+        kinds = [None] * len(spans) if message_kinds else []
+        for i, kind in (message_kinds or {}).items():
+            kinds[i] = kind
+        alts = [[int(i), [[list(map(int, ids)), float(p)] for ids, p in replies]]
+                for i, replies in sorted((alternatives or {}).items())]
         return cls(task_id=task_id, group_id=int(group_id), tokens=list(record.tokens), logprobs=logprobs.tolist(),
                    spans=spans, turn_rewards=[float(r) for r in turn_rewards], outcome_reward=float(outcome_reward),
                    reaction_labels=labels, termination=termination, timings=dict(timings or {}),
-                   info=dict(info or {}), final_reaction=final_reaction)
+                   info=dict(info or {}), final_reaction=final_reaction, message_kinds=kinds, alternatives=alts)
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:

@@ -37,7 +37,11 @@ class Row:
       feedback's content that follows it (``(e, e)`` when none; default: none for every turn);
     - ``segments``: U2U segments, each ``(turn indices, polarity)`` with polarity None for a
       segment no user reaction ends (kept invalid);
-    - ``reward``: the outcome reward; ``group``: the group id (rows sharing a prompt).
+    - ``reward``: the outcome reward; ``group``: the group id (rows sharing a prompt);
+    - ``feedback_kinds``: per action turn, what its feedback is (0 unmarked, 1 information, 2 a
+      correction; `Trajectory.feedback_kinds`), or None (unmarked);
+    - ``alternatives``: per action turn, the replies its feedback could have been (`Alternatives`:
+      the marginal prior of InfoPO), or None for every turn.
     """
 
     tokens: Sequence[int]
@@ -48,6 +52,15 @@ class Row:
     segments: Sequence[tuple[Sequence[int], float | None]] = ()
     reward: float = 0.0
     group: int = 0
+    feedback_kinds: Sequence[int] | None = None
+    alternatives: Sequence[Alternatives | None] | None = None
+
+
+Alternatives = Sequence[tuple[tuple[int, int], Sequence[tuple[Sequence[int], float]]]]
+"""The replies one feedback could have been: per message of the feedback that has alternatives,
+``((content_start, content_end), [(content token ids, probability), ...])``; the feedback is
+every combination of them (probabilities multiplied). A feedback without alternatives is
+deterministic given the history."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +80,8 @@ class HostBatch:
     segment_valid_BQ: np.ndarray  # bool
     reward_B: np.ndarray  # float32
     group_id_B: np.ndarray  # int32
+    feedback_kind_BT: np.ndarray | None = None  # int32: 0 unmarked, 1 information, 2 correction
+    alternatives: tuple[tuple[Alternatives | None, ...], ...] | None = None  # [B][T], host only
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -74,7 +89,8 @@ class HostBatch:
 
     def credit_batch(self) -> CreditBatch:
         """The batch on the device, shape-checked (`CreditBatch.check`)."""
-        fields = {f.name: jnp.asarray(getattr(self, f.name)) for f in dataclasses.fields(CreditBatch)}
+        fields = {f.name: None if getattr(self, f.name) is None else jnp.asarray(getattr(self, f.name))
+                  for f in dataclasses.fields(CreditBatch)}
         return CreditBatch(**fields).check()
 
     def packed_length(self, P: int, placeholder_mode: str = "replace", multiple: int = 64) -> int:
@@ -122,7 +138,20 @@ def build_batch(rows: Sequence[Row], *, length: int | None = None, turns: int | 
     tv = np.zeros((B, T), bool)
     pol = np.zeros((B, Q), np.float32)
     sv = np.zeros((B, Q), bool)
+    marked = any(r.feedback_kinds is not None for r in rows)
+    kinds = np.zeros((B, T), np.int32) if marked else None
+    with_alts = any(r.alternatives is not None for r in rows)
+    alts: list[tuple] = []
     for b, r in enumerate(rows):
+        for name in ("feedback_kinds", "alternatives"):
+            got = getattr(r, name)
+            if got is not None and len(got) != len(r.actions):
+                raise ValueError(f"{which(b)}: {len(got)} {name} for {len(r.actions)} action turns")
+        if kinds is not None and r.feedback_kinds is not None:
+            kinds[b, : len(r.feedback_kinds)] = r.feedback_kinds
+        if with_alts:
+            row_alts = list(r.alternatives or [None] * len(r.actions))
+            alts.append(tuple(row_alts + [None] * (T - len(row_alts))))
         n = len(r.tokens)
         tokens[b, :n] = r.tokens
         pad[b, :n] = 1
@@ -150,7 +179,8 @@ def build_batch(rows: Sequence[Row], *, length: int | None = None, turns: int | 
                      turn_idx_BL=turn_idx, action_span_BT2=act, feedback_span_BT2=fb, turn_valid_BT=tv,
                      segment_idx_BL=seg_idx, segment_polarity_BQ=pol, segment_valid_BQ=sv,
                      reward_B=np.asarray([r.reward for r in rows], np.float32),
-                     group_id_B=np.asarray([r.group for r in rows], np.int32))
+                     group_id_B=np.asarray([r.group for r in rows], np.int32), feedback_kind_BT=kinds,
+                     alternatives=tuple(alts) if with_alts else None)
 
 
 def packed_length(batch: HostBatch | CreditBatch, P: int, placeholder_mode: str = "replace",
@@ -173,4 +203,4 @@ def packed_length(batch: HostBatch | CreditBatch, P: int, placeholder_mode: str 
     return -(-need // multiple) * multiple
 
 
-__all__ = ["HostBatch", "Row", "build_batch", "packed_length"]
+__all__ = ["Alternatives", "HostBatch", "Row", "build_batch", "packed_length"]

@@ -1,6 +1,7 @@
 """Episodes to arrays: `collate_host` pads trajectory records into the one host batch builder's
 rows (`jaxagent.train.batch.build_batch`): tokens, the sampler's log-probs, action and feedback spans,
-U2U segments with the polarity of their reaction labels, outcome rewards and dense group ids;
+U2U segments with the polarity of their reaction labels, outcome rewards, dense group ids, and what
+the environment said of each feedback (its kind, its alternatives);
 `collate` puts the result on the device as a `CreditBatch` beside the old log-probs (host code).
 """
 
@@ -27,7 +28,8 @@ def collate_host(
     """Records as `build_batch` rows: tokens, the sampler's log-probs, action and feedback spans,
     U2U segments with the polarity of their reaction labels (`jaxagent.credit.reaction.polarity_of`;
     ``polarity`` overrides the default map), the outcome reward, and group ids made dense in
-    ``[0, G)`` (the group statistics index segment sums by them).
+    ``[0, G)`` (the group statistics index segment sums by them); each turn's feedback kind and
+    alternatives when a record carries them (`Trajectory.feedback_kinds`, `feedback_alternatives`).
 
     ``length`` defaults to the longest record rounded up to ``multiple`` (a static shape);
     ``turns`` to the most action turns."""
@@ -40,7 +42,8 @@ def collate_host(
                     for members, label in r.segments()]
         rows.append(Row(tokens=r.tokens, loss_mask=r.loss_mask(), logprobs=r.logprobs, actions=r.action_spans(),
                         feedback=r.feedback_spans(), segments=segments, reward=r.outcome_reward,
-                        group=int(groups[b])))
+                        group=int(groups[b]), feedback_kinds=r.feedback_kinds() if r.message_kinds else None,
+                        alternatives=r.feedback_alternatives() if r.alternatives else None))
     return build_batch(rows, length=length, turns=turns, multiple=multiple, noun="record",
                        names=[r.task_id for r in records])
 

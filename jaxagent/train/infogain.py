@@ -1,5 +1,6 @@
-"""InfoPO's information gain from the host: the entry point that dispatches to a mode, and the
-naive reference procedure (a Python loop over turns, the InfoPO reference code's method).
+"""InfoPO's information gain from the host: the entry point that dispatches to a mode, the
+naive reference procedure (a Python loop over turns, the InfoPO reference code's method), and
+the marginal prior (`marginal_infogain`).
 
 The jitted modes themselves (``vmapped``, ``shared_prefix``) are pure code in
 `jaxagent.credit.infogain`; `compute_infogain` checks its arguments, sizes the shared-prefix
@@ -7,11 +8,23 @@ packing from the batch's spans on the host (`jaxagent.train.batch.packed_length`
 them. ``naive`` builds each turn's two histories as token lists and scores them with a jitted
 teacher-forcing call, ``minibatch`` histories at a time: slow, and the reference the fast modes
 are tested against (to 1e-5 in float32).
+
+`marginal_infogain` scores a_{t+1} after each reply the environment could have given (the
+feedback's ``alternatives``, `jaxagent.train.batch.Alternatives`) as well as after the actual one,
+and compares the actual history with their probability-weighted mixture:
+
+    r_info(t) = (log pi(a | h, o_t) - log sum_k p_k pi(a | h, o_k)) / |a|,   a = a_{t+1}
+
+A feedback without alternatives is deterministic given the history: its gain is exactly 0. All
+histories of a batch (one factual and K per turn) are scored together, ``rows`` at a time, at
+lengths rounded up to a multiple (few compiled shapes); `marginal_naive` scores them one by one
+(the reference the test compares with).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -26,9 +39,9 @@ from jaxagent.train.batch import HostBatch, packed_length
 
 
 @functools.lru_cache(maxsize=32)
-def _naive_scorer(config: QwenConfig, attn_impl: str, temperature: float = 1.0):
+def _naive_scorer(config: QwenConfig, attn_impl: str, temperature: float = 1.0, vocab_limit: int | None = None):
     return jax.jit(lambda p, x, m: token_logprobs(p, x, config=config, segment_ids_BL=m, attn_impl=attn_impl,
-                                                  temperature=temperature))
+                                                  temperature=temperature, vocab_limit=vocab_limit))
 
 
 
@@ -43,6 +56,7 @@ def infogain_naive(
     minibatch: int = 8,
     attn_impl: str | None = None,
     temperature: float = 1.0,
+    vocab_limit: int | None = None,
 ) -> InfoGainOutput:
     """The reference procedure, on the host: for each valid turn, build the factual history
     (through a_{t+1}) and the counterfactual one as token lists, and run both through a jitted
@@ -72,7 +86,7 @@ def infogain_naive(
     fact = np.zeros((B, T), np.float32)
     cf = np.zeros((B, T), np.float32)
     width = L + len(ph)
-    score = _naive_scorer(config, attn_impl, float(temperature))
+    score = _naive_scorer(config, attn_impl, float(temperature), vocab_limit)
 
     def run(seqs: list[list[int]]) -> np.ndarray:
         x = np.zeros((minibatch, width), np.int32)
@@ -114,14 +128,16 @@ def compute_infogain(
     temperature: float = 1.0,
     host: HostBatch | None = None,
     packed_multiple: int = 64,
+    vocab_limit: int | None = None,
 ) -> InfoGainOutput:
     """Dispatches to one of the three modes (host entry point; the vmapped and shared-prefix
     modes are single jitted calls). ``mode`` and ``placeholder_mode`` are `InfoPOConfig`'s
     fields of the same names; ``ph_ids`` is its ``placeholder`` tokenised as the feedback's
     content would be (e.g. `ChatRenderer.encode_content`). ``row_chunk`` (vmapped and
     shared_prefix): rows run through the model at a time (None: all at once; see
-    `token_logprobs`). ``temperature``: the log-probs are the policy's at the sampler's
-    temperature (the distribution the RL trainer optimises; 1: the raw policy). ``host``: the
+    `token_logprobs`). ``temperature`` / ``vocab_limit``: the log-probs are the policy's at the
+    sampler's temperature and vocabulary limit (the distribution the RL trainer optimises; 1 and
+    None: the raw policy). ``host``: the
     same batch's host arrays (`jaxagent.train.batch.build_batch`), when the caller has them:
     the packed length is then computed from them, with no device round trip. Without
     ``packed_len``, the shared-prefix pass packs to the length its suffixes need rounded up to
@@ -135,11 +151,11 @@ def compute_infogain(
         raise ValueError("placeholder token ids: empty; expected the tokenised placeholder (>= 1 token)")
     if mode == "naive":
         return infogain_naive(params, batch, ph, config=config, placeholder_mode=placeholder_mode, attn_impl=attn_impl,
-                              temperature=temperature)
+                              temperature=temperature, vocab_limit=vocab_limit)
     if mode == "vmapped":
         return vmapped_jit(params, batch, jnp.asarray(ph), config=config, factual_logp_BL=factual_logp_BL,
                             placeholder_mode=placeholder_mode, attn_impl=attn_impl, row_chunk=row_chunk,
-                            temperature=temperature)
+                            temperature=temperature, vocab_limit=vocab_limit)
     spans = host if host is not None else batch  # the packed length is host arithmetic over the spans
     need = packed_length(spans, int(ph.size), placeholder_mode, multiple=1)
     packed_len = packed_len or -(-need // packed_multiple) * packed_multiple
@@ -148,7 +164,136 @@ def compute_infogain(
                          "counterfactual suffixes (see packed_length)")
     return shared_prefix_jit(params, batch, jnp.asarray(ph), config=config, packed_len=packed_len,
                               placeholder_mode=placeholder_mode, attn_impl=attn_impl, row_chunk=row_chunk,
-                              temperature=temperature)
+                              temperature=temperature, vocab_limit=vocab_limit)
 
 
-__all__ = ["compute_infogain", "infogain_naive"]
+# ---------------------------------------------------------------------------- marginal prior
+def marginal_histories(host: HostBatch) -> tuple[list[tuple[int, int, list[int], int, int]], list[float]]:
+    """The histories `marginal_infogain` scores, as ``(b, t, tokens, start of a_{t+1}, k)`` with
+    k = -1 for the factual history and 0.. for the alternatives, and each alternative's log
+    probability (in job order, -inf-free; the factual entries hold 0). Only valid turns whose
+    feedback has alternatives appear (the others' gain is 0)."""
+    toks = np.asarray(host.tokens_BL)
+    act = np.asarray(host.action_span_BT2)
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        valid = np.asarray(infogain_valid_turns(host))
+    jobs, logw = [], []
+    alts = host.alternatives or ()
+    for b, row in enumerate(alts):
+        for t, feedback in enumerate(row):
+            if feedback is None or not valid[b, t]:
+                continue
+            s, e = (int(x) for x in act[b, t + 1])
+            jobs.append((b, t, toks[b, :e].tolist(), s, -1))
+            logw.append(0.0)
+            spans = [span for span, _ in feedback]
+            for k, combo in enumerate(itertools.product(*[replies for _, replies in feedback])):
+                seq, prev, shift = [], 0, 0
+                for (cs, ce), (ids, _) in zip(spans, combo):
+                    seq += toks[b, prev:cs].tolist() + list(ids)
+                    shift += len(ids) - (ce - cs)
+                    prev = ce
+                seq += toks[b, prev:e].tolist()
+                jobs.append((b, t, seq, s + shift, k))
+                logw.append(float(sum(np.log(p) for _, p in combo)))
+    return jobs, logw
+
+
+def _combine(jobs, sums, logw, B: int, T: int, act_len: np.ndarray, valid: np.ndarray, **extra) -> InfoGainOutput:
+    """Per turn: factual sum and the log of the mixture, then `infogain_output`."""
+    fact = np.zeros((B, T), np.float64)
+    terms: dict[tuple[int, int], list[float]] = {}
+    for (b, t, _, _, k), x, lw in zip(jobs, sums, logw):
+        if k < 0:
+            fact[b, t] = x
+        else:
+            terms.setdefault((b, t), []).append(lw + x)
+    prior = fact.copy()  # deterministic feedback: the prior is the factual history itself (gain 0)
+    for (b, t), vals in terms.items():
+        m = max(vals)
+        prior[b, t] = m + np.log(np.sum(np.exp(np.asarray(vals) - m)))
+    return infogain_output(jnp.asarray(fact, jnp.float32), jnp.asarray(prior, jnp.float32), jnp.asarray(act_len),
+                           jnp.asarray(valid), **extra)
+
+
+def _next_len(host: HostBatch) -> np.ndarray:
+    act = np.asarray(host.action_span_BT2)
+    return np.concatenate([act[:, 1:, 1] - act[:, 1:, 0], np.zeros((act.shape[0], 1), act.dtype)], axis=1)
+
+
+def marginal_infogain(
+    params: Params,
+    host: HostBatch,
+    *,
+    config: QwenConfig,
+    rows: int = 8,
+    multiple: int = 64,
+    attn_impl: str | None = None,
+    temperature: float = 1.0,
+    vocab_limit: int | None = None,
+) -> InfoGainOutput:
+    """InfoPO's gain against the marginal prior (module docstring) for a host batch whose records
+    carry alternatives (`HostBatch.alternatives`; None gives 0 on every turn). Every history is
+    scored ``rows`` at a time at the sampler's ``temperature`` / ``vocab_limit``, padded to a
+    multiple of ``multiple`` tokens. ``tokens_processed`` counts the padded positions scored."""
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        valid = np.asarray(infogain_valid_turns(host))
+    B, T = valid.shape
+    jobs, logw = marginal_histories(host)
+    score = _naive_scorer(config, attn_impl, float(temperature), vocab_limit)
+    sums = np.zeros(len(jobs), np.float64)
+    processed = 0
+    order = sorted(range(len(jobs)), key=lambda i: len(jobs[i][2]))  # similar lengths share a width
+    for c in range(0, len(order), rows):
+        chunk = order[c : c + rows]
+        width = -(-max(len(jobs[i][2]) for i in chunk) // multiple) * multiple
+        x = np.zeros((rows, width), np.int32)
+        m = np.zeros((rows, width), np.int32)
+        for r, i in enumerate(chunk):
+            seq = jobs[i][2]
+            x[r, : len(seq)] = seq
+            m[r, : len(seq)] = 1
+        lp = np.asarray(score(params, jnp.asarray(x), jnp.asarray(m)), np.float64)
+        processed += rows * width
+        for r, i in enumerate(chunk):
+            seq, s = jobs[i][2], jobs[i][3]
+            sums[i] = lp[r, s - 1 : len(seq) - 1].sum()
+    return _combine(jobs, sums, logw, B, T, _next_len(host), valid, tokens_processed=processed)
+
+
+def marginal_naive(params: Params, host: HostBatch, *, config: QwenConfig, temperature: float = 1.0,
+                   vocab_limit: int | None = None) -> np.ndarray:
+    """The reference of `marginal_infogain`: a Python loop over turns and over their replies, each
+    history scored alone (unpadded) and the mixture summed in probability space. Returns r_info
+    [B, T] (float64 numpy)."""
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        valid = np.asarray(infogain_valid_turns(host))
+    toks = np.asarray(host.tokens_BL)
+    act = np.asarray(host.action_span_BT2)
+    r = np.zeros(valid.shape, np.float64)
+
+    def seq_logprob(seq: list[int], start: int) -> float:
+        lp = token_logprobs(params, jnp.asarray([seq], jnp.int32), config=config, temperature=temperature,
+                            vocab_limit=vocab_limit)
+        return float(np.asarray(lp, np.float64)[0, start - 1 : len(seq) - 1].sum())
+
+    for b, row in enumerate(host.alternatives or ()):
+        for t, feedback in enumerate(row):
+            if feedback is None or not valid[b, t]:
+                continue
+            s, e = (int(x) for x in act[b, t + 1])
+            factual = seq_logprob(toks[b, :e].tolist(), s)
+            mixture = 0.0
+            for combo in itertools.product(*[replies for _, replies in feedback]):
+                seq, prev, shift, p = [], 0, 0, 1.0
+                for ((cs, ce), _), (ids, w) in zip(feedback, combo):
+                    seq += toks[b, prev:cs].tolist() + list(ids)
+                    shift += len(ids) - (ce - cs)
+                    prev, p = ce, p * w
+                seq += toks[b, prev:e].tolist()
+                mixture += p * np.exp(seq_logprob(seq, s + shift))
+            r[b, t] = (factual - np.log(mixture)) / (e - s)
+    return r
+
+
+__all__ = ["compute_infogain", "infogain_naive", "marginal_histories", "marginal_infogain", "marginal_naive"]

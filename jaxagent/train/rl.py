@@ -64,8 +64,12 @@ from jaxagent.rollout.trajectory import Trajectory
 from jaxagent.text.chat import ChatRenderer
 from jaxagent.text.tokenizer import Tokenizer
 from jaxagent.train.collate import collate_host
-from jaxagent.train.infogain import compute_infogain
+from jaxagent.train.infogain import compute_infogain, marginal_infogain
 from jaxagent.train.step import StepShardings, TrainState, make_update, ppo_loss_fn, sequence_scores
+from jaxagent.train.why import why_metrics
+
+#: The fusion diagnostics `why_metrics` reads.
+WHY_INPUTS = ("A_info_BT", "info_valid_BT", "r_info_BT", "A_proc_BQ")
 
 @dataclasses.dataclass(frozen=True)
 class RLSettings:
@@ -185,6 +189,8 @@ class RLTrainer:
             raise ValueError(f"rl.credit={settings.credit!r}: the terms need inputs {missing} that no provider makes; "
                              f"expected one of {sorted(CREDIT_INPUTS)} (register_credit_input)")
         self._placeholders: dict[str, list[int]] = {}
+        self.iteration_index = 0  # the RL iteration being trained (`iteration` / `train_on` set it)
+        self.polarity = faca.polarity_map() if faca is not None else None  # Faca's label -> polarity
         # The frozen reference policy (KL term): a copy of the initial weights by default.
         self.ref_params = ref_params if ref_params is not None else jax.tree.map(jnp.copy, state.model_params)
         self.shardings = shardings
@@ -224,22 +230,26 @@ class RLTrainer:
                              sampling=self.sampling, key=key, config=self.episode, processes=self.processes)
 
     # ------------------------------------------------------------------ one iteration
-    def iteration(self, tasks: Sequence[str], key: jax.Array) -> tuple[dict[str, float], list[Trajectory]]:
-        """Rollouts of ``tasks`` with the current policy, then `train_on` them (same ``key``)."""
+    def iteration(self, tasks: Sequence[str], key: jax.Array, index: int = 0
+                  ) -> tuple[dict[str, float], list[Trajectory]]:
+        """Rollouts of ``tasks`` with the current policy, then `train_on` them (same ``key``);
+        ``index``: the iteration's number in the run (InfoPO's beta decay reads it)."""
+        self.iteration_index = int(index)
         k_roll = jax.random.split(key, 3)[0]
         t0 = time.perf_counter()
         trajs = self.rollout(tasks, k_roll)
         t_roll = time.perf_counter() - t0
         return self._train(trajs, key, t_roll), trajs
 
-    def train_on(self, trajs: Sequence[Trajectory], key: jax.Array) -> dict[str, Any]:
+    def train_on(self, trajs: Sequence[Trajectory], key: jax.Array, index: int = 0) -> dict[str, Any]:
         """Credit and PPO epochs on given episodes: the part of `iteration` after the rollout.
 
         ``key`` is the iteration's key: of its three splits the first is the rollout's (unused
         here), the second the credit's and the third the minibatch order's, so
         ``iteration(tasks, key)`` equals ``rollout(tasks, split(key, 3)[0])`` then
         ``train_on(trajs, key)``. Returns the metrics of `iteration` without the rollout's time
-        (``tokens_per_s`` over credit and update only)."""
+        (``tokens_per_s`` over credit and update only). ``index``: as `iteration`'s."""
+        self.iteration_index = int(index)
         return self._train(trajs, key, None)
 
     def credit(self, trajs: Sequence[Trajectory], key: jax.Array) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
@@ -252,17 +262,18 @@ class RLTrainer:
     def _credit(self, rows: Sequence[Trajectory], k_credit: jax.Array, n_turns: int):
         # Turns padded to the episode limit (padded turns are invalid: no credit, no statistic), so
         # the credit's compiled shapes depend on the lengths only, not on each batch's longest episode.
-        host = collate_host(rows, multiple=self.settings.length_multiple, turns=max(n_turns, self.episode.max_turns))
+        host = collate_host(rows, multiple=self.settings.length_multiple, turns=max(n_turns, self.episode.max_turns),
+                            polarity=self.polarity)
         if self.processes is not None:  # several processes: each reads its rows from its own copy
             self.processes.check_same("the RL batch", host.tokens_BL, host.loss_mask_BL, host.logprobs_BL)
-        batch, old_lp = host.credit_batch(), host.logprobs_BL
+        batch = host.credit_batch()
         inputs: dict[str, jax.Array] = {}
         for term in self.terms:  # the host inputs the terms need, each made once
             for name in term.needs:
                 if name not in inputs:
                     inputs[name] = CREDIT_INPUTS[name](self, batch, host, term)
         A_BL, diag = self._fuse(batch, inputs, k_credit)
-        return batch, old_lp, A_BL, diag
+        return batch, host, A_BL, diag
 
     def _train(self, trajs: Sequence[Trajectory], key: jax.Array, t_roll: float | None) -> dict[str, Any]:
         _, k_credit, k_perm = jax.random.split(key, 3)
@@ -282,10 +293,10 @@ class RLTrainer:
             return metrics
         rows = kept + [_padding_row() for _ in range(len(trajs) - n_kept)]
         n_turns = _turns(kept)
-        batch, old_lp, A_BL, diag = self._credit(rows, k_credit, n_turns)
+        batch, host, A_BL, diag = self._credit(rows, k_credit, n_turns)
         tokens = batch.tokens_BL
         data = {"tokens": tokens, "loss_mask": batch.loss_mask_BL, "advantages": A_BL,
-                "old_logp": jnp.asarray(old_lp)}
+                "old_logp": jnp.asarray(host.logprobs_BL)}
         if self.ppo.kl_coef > 0:
             data["ref_logp"] = self.scores(self.ref_params, tokens)
         jax.block_until_ready(data)  # time the credit here, not in the first update
@@ -314,6 +325,8 @@ class RLTrainer:
         for k in upd_host[0]:
             metrics[f"update/{k}"] = float(np.mean([m[k] for m in upd_host]))
         metrics.update(credit_metrics(diag, n_turns))
+        why = jax.device_get({k: diag[k] for k in WHY_INPUTS if k in diag})  # one transfer
+        metrics.update(why_metrics(why, host, [t.info.get("partial") for t in rows]))
         # Per iteration (not a mean of the running counter): updates refused in it, and in the run so far.
         metrics["update/skipped"] = float(sum(float(m["skipped"]) for m in upd_host))
         metrics["update/skipped_total"] = int(self.state.skipped)
@@ -347,18 +360,29 @@ def credit_metrics(diag: Mapping[str, Any], turns: int) -> dict[str, Any]:
 
 def _infogain_input(trainer: RLTrainer, batch, host, term: CreditTerm) -> jax.Array:
     """``r_info`` [B, T]: the teacher-forced information gain of every turn under the current
-    policy (`compute_infogain`), with the term's placeholder, mode and placeholder mode; the packed
-    length comes from the host arrays (no device round trip)."""
+    policy, scored as the sampler draws (temperature and vocabulary limit): against the term's
+    placeholder (`compute_infogain`, with its mode and placeholder mode; the packed length from
+    the host arrays, no device round trip), or with ``prior="marginal"`` against the mixture over
+    the replies the environment enumerated (`marginal_infogain`)."""
     s = term.settings
+    if getattr(s, "prior", "placeholder") == "marginal":
+        return marginal_infogain(trainer.state.model_params, host, config=trainer.config,
+                                 rows=trainer.settings.score_rows or 8, multiple=trainer.settings.length_multiple,
+                                 **trainer.view).r_info_BT
     out = compute_infogain(trainer.state.model_params, batch, trainer.placeholder_ids(s.placeholder),
                            config=trainer.config, mode=s.mode, placeholder_mode=s.placeholder_mode, host=host,
                            packed_multiple=trainer.settings.length_multiple,
-                           row_chunk=trainer.settings.score_rows or None, temperature=trainer.view["temperature"])
+                           row_chunk=trainer.settings.score_rows or None, **trainer.view)
     return out.r_info_BT
 
 
+def _iteration_input(trainer: RLTrainer, batch, host, term: CreditTerm) -> jax.Array:
+    """``iteration``: the RL iteration whose episodes these are (float32 scalar; InfoPO's beta decay)."""
+    return jnp.asarray(trainer.iteration_index, jnp.float32)
+
+
 #: Host inputs of credit terms (`CreditTerm.needs`) by name: ``fn(trainer, batch, host_batch, term) -> array``.
-CREDIT_INPUTS: dict[str, Callable[..., jax.Array]] = {"r_info": _infogain_input}
+CREDIT_INPUTS: dict[str, Callable[..., jax.Array]] = {"r_info": _infogain_input, "iteration": _iteration_input}
 
 
 def register_credit_input(name: str, fn: Callable[..., jax.Array]) -> None:

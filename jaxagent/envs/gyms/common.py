@@ -12,8 +12,20 @@ alone; the split of a generated task is a hash of its content (1 in 5 tasks is `
 generator redraws until the content falls in the requested split, so train and test tasks never
 share content. ``reset``'s ``seed`` only picks among the user's paraphrases.
 
+Feedback kinds (`EnvMessage.kind`): a user reply that answers what the agent asked is
+``information``; a tool error, and a user reply asking the agent to ask differently (one thing at
+a time, a detail the gym knows) or telling it that it asked already, is a ``correction``; the
+acknowledgements (``sent .``, ``answer received .``) and the verdict are unmarked. Each gym's
+docstring lists its replies by kind. Gyms with ``enumerates_replies`` give each user reply's
+``alternatives``: the replies they could have given to that question with their probabilities
+under what the agent knows (InfoPO's marginal prior); any other message is determined by the
+agent's message and the history.
+
 Rewards: 0 on every step but the last; the last step's reward is the episode's outcome (the
-maximum is ``MAX_REWARD`` = 1.0 in every gym; ``outcome="binary"`` keeps only full answers' reward). Malformed, unknown or ill-typed tool calls never
+maximum is ``MAX_REWARD`` = 1.0 in every gym; ``outcome="binary"`` keeps only full answers' reward).
+The last step's ``info["partial"]`` is the graded score in [0, 1] whatever the outcome mode (the
+gym's partial credit; telepathy: the share of attributes the answer names right), so diagnostics
+can tell episodes apart inside a group of binary failures. Malformed, unknown or ill-typed tool calls never
 raise: each one is answered by a tool message that says what was wrong (in the gym's closed
 vocabulary) and counted in ``info["tool_errors"]`` (cumulative over the episode).
 """
@@ -141,6 +153,8 @@ class ScriptedGym(Environment):
     name: ClassVar[str]
     default_max_steps: ClassVar[int] = 16
     extra_words: ClassVar[frozenset[str]] = frozenset()
+    #: every user reply carries its alternatives (`say`'s ``outcomes``): InfoPO's marginal prior works here
+    enumerates_replies: ClassVar[bool] = False
 
     def __init__(self, max_steps: int | None = None, outcome: str = "graded"):
         if outcome not in OUTCOMES:
@@ -203,11 +217,21 @@ class ScriptedGym(Environment):
     def on_answer(self, content: str) -> tuple[float, EnvMessage]: ...
 
     # --- helpers ---------------------------------------------------------------------------------
-    def say(self, reaction: str, *variants: str) -> EnvMessage:
-        """A user message with ``reaction``, one of the paraphrase ``variants`` (seeded)."""
+    def say(self, reaction: str, *variants: str, kind: str | None = None,
+            outcomes: Sequence[tuple[float, Sequence[str]]] | None = None) -> EnvMessage:
+        """A user message with ``reaction`` and feedback ``kind``, one of the paraphrase ``variants``
+        (seeded). Its alternatives: ``outcomes`` = ((probability, paraphrases), ...), every reply the
+        user could have given here under what the agent knows (the actual one's included), each
+        paraphrase of an outcome equally likely; None: the reply was determined, up to its
+        ``variants``."""
         assert reaction in LABELS, reaction
-        return EnvMessage("user", self.rng.choice(variants) if len(variants) > 1 else variants[0],
-                          reaction=reaction)
+        text = self.rng.choice(variants) if len(variants) > 1 else variants[0]
+        alts: dict[str, float] = {}
+        for p, texts in (outcomes if outcomes is not None else ((1.0, variants),)):
+            for t in texts:
+                if p > 0:
+                    alts[t] = alts.get(t, 0.0) + p / len(texts)
+        return EnvMessage("user", text, reaction=reaction, kind=kind, alternatives=tuple(alts.items()))
 
     def _info(self) -> dict[str, Any]:
         return {"task_id": self.task_id, "split": self.split, "steps": self.steps,
@@ -218,7 +242,7 @@ class ScriptedGym(Environment):
         self.task = self.task_for(task_id)
         self.task_id, self.split = task_id, parse_task_id(task_id)[1]
         self.rng = random.Random(f"{task_id}|{int(seed)}")
-        self.done, self.steps, self.tool_errors, self.outcome = False, 0, 0, 0.0
+        self.done, self.steps, self.tool_errors, self.outcome, self.partial = False, 0, 0, 0.0, 0.0
         self.state = self.init_state()
         messages = (EnvMessage("system", self.system_prompt()), EnvMessage("user", self.opening()))
         return Reset(messages, (TOOL_SCHEMA,), self._info())
@@ -237,7 +261,7 @@ class ScriptedGym(Environment):
 
     def _error(self, out: list[EnvMessage], text: str) -> None:
         self.tool_errors += 1
-        out.append(EnvMessage("tool", text, name=TOOL_NAME))
+        out.append(EnvMessage("tool", text, name=TOOL_NAME, kind="correction"))
 
     async def step(self, message: AgentMessage) -> Step:
         out: list[EnvMessage] = []
@@ -267,6 +291,7 @@ class ScriptedGym(Environment):
             else:
                 out.append(EnvMessage("tool", ACK_ANSWER, name=TOOL_NAME))
                 reward, verdict = self.on_answer(content)
+                self.partial = float(self.state.get("partial", reward))  # graded, whatever the outcome mode
                 if self.outcome_mode == "binary":  # all or nothing: a partly right answer scores 0
                     reward = MAX_REWARD if reward >= MAX_REWARD - 1e-9 else 0.0
                 out.append(verdict)
@@ -277,6 +302,7 @@ class ScriptedGym(Environment):
         info = self._info()
         if self.done:
             info["outcome"] = self.outcome
+            info["partial"] = self.partial
         return Step(tuple(out), float(reward), self.done, info)
 
     def outcome_reward(self) -> float:

@@ -4,6 +4,9 @@ The user asks for f on a held-out case. An ``action`` with four numbers from 0 t
 (``provide_info``); the held-out case itself is refused (``reject``), a repeated probe gets a
 ``complain``, anything else a ``clarify_request``. The ``answer``'s first number must be f of the
 held-out case: reward 1, else 0.
+
+Feedback kinds: a probe's value is ``information``; the refusal, the repeat (which restates the
+value) and the clarify request are ``corrections``. Replies are not enumerated (no marginal prior).
 """
 
 from __future__ import annotations
@@ -67,15 +70,15 @@ class FunctionGym(ScriptedGym):
     def on_action(self, content: str) -> EnvMessage:
         nums = [int(m) for m in _INT.findall(content)]
         if len(nums) != 4 or not all(LO <= v <= HI for v in nums):
-            return self.say("clarify_request", "please give four numbers from 0 to 5 .")
+            return self.say("clarify_request", "please give four numbers from 0 to 5 .", kind="correction")
         x = tuple(nums)
         if x == self.task["query"]:
-            return self.say("reject", "that is the question . try other numbers .")
+            return self.say("reject", "that is the question . try other numbers .", kind="correction")
         y = apply(self.task, x)
         if x in self.state["probes"]:
-            return self.say("complain", f"you asked that already : {fmt(x)} is {y} .")
+            return self.say("complain", f"you asked that already : {fmt(x)} is {y} .", kind="correction")
         self.state["probes"][x] = y
-        return self.say("provide_info", f"{fmt(x)} is {y} .")
+        return self.say("provide_info", f"{fmt(x)} is {y} .", kind="information")
 
     def on_answer(self, content: str):
         nums = _INT.findall(content)

@@ -6,11 +6,21 @@ word) reveals it (``provide_info``); a detail that does not matter gets "i do no
 (``be_vague``); asking about several at once reveals nothing and costs ``MULTI_PENALTY``
 (``complain``). The ``answer`` is the final plan; reward = (importance of the hidden details whose
 value the answer states, and no other value of that detail) / (total importance)
-- ``MULTI_PENALTY`` per multi-question, floored at 0.
+- ``MULTI_PENALTY`` per multi-question, floored at 0. A question about a detail the user already
+gave gets "i already told you ." (``correct``), without the value again.
+
+Feedback kinds: the detail's value (``provide_info``) and "i do not mind" (``be_vague``) are
+``information``; "i already told you", "please ask about one detail" (``clarify_request``) and
+"please ask one thing at a time" (``complain``) are ``corrections``. Every reply carries its
+alternatives: asked about a detail not yet given, the user could name each of its three values or
+not mind; the detail matters with the posterior probability that it is hidden (2 to 4 of the 4
+unstated details are, uniformly; those asked so far condition it: `p_matters`), each value then
+equally likely.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -42,9 +52,23 @@ _TEXTS = ("you help the user . the details are : . ask the user about one detail
           "that covers it , thank you ! that is not what i wanted . you missed some details .")
 
 
+def p_matters(important: int, vague: int, unstated: int = 4, hidden: tuple[int, ...] = (2, 3, 4)) -> float:
+    """The probability that a detail not asked yet is hidden (matters), given ``important`` asked
+    details that mattered and ``vague`` that did not, among ``unstated`` details of which n in
+    ``hidden`` (uniformly) are hidden, as a uniformly random subset: P(n | seen) is proportional to
+    C(n, important) C(unstated - n, vague), and then (n - important) / (unstated - asked)."""
+    left = unstated - important - vague
+    if left <= 0:
+        return 0.0
+    w = {n: math.comb(n, important) * math.comb(unstated - n, vague) for n in hidden}
+    total = sum(w.values())
+    return sum(w[n] * (n - important) / left for n in hidden) / total
+
+
 class IntentionGym(ScriptedGym):
     name = "intention"
     default_max_steps = 12
+    enumerates_replies = True
     extra_words = frozenset(
         w for text in (*_TEXTS, *DOMAINS, *(s for d in DOMAINS.values() for s in d),
                        *(v for d in DOMAINS.values() for vs in d.values() for v in vs))
@@ -87,19 +111,27 @@ class IntentionGym(ScriptedGym):
         t, st = self.task, self.state
         if not asked:
             return self.say("clarify_request", "what do you mean ? please ask about one detail .",
-                            "please ask about one detail .")
+                            "please ask about one detail .", kind="correction")
         if len(asked) > 1:
             st["multi"] += 1
-            return self.say("complain", "please ask one thing at a time .")
+            return self.say("complain", "please ask one thing at a time .", kind="correction")
         s = asked[0]
-        if s not in st["asked"]:
-            st["asked"].append(s)
         if s == t["stated"] or s in st["revealed"]:
-            return self.say("correct", f"i already told you , the {s} is {t['values'][s]} .")
+            if s not in st["asked"]:
+                st["asked"].append(s)
+            return self.say("correct", "i already told you .", kind="correction")
+        vague_now = ("i do not mind .", f"any {s} is fine .")
+        if s in st["asked"]:  # asked before and the user did not mind: the same again
+            return self.say("be_vague", *vague_now, kind="information")
+        important = len(st["revealed"])
+        p = p_matters(important, len(st["asked"]) - important - (t["stated"] in st["asked"]))
+        values = DOMAINS[t["domain"]][s]
+        outcomes = [(p / len(values), (f"the {s} is {v} .",)) for v in values] + [(1.0 - p, vague_now)]
+        st["asked"].append(s)
         if s not in t["importance"]:
-            return self.say("be_vague", "i do not mind .", f"any {s} is fine .")
+            return self.say("be_vague", *vague_now, kind="information", outcomes=outcomes)
         st["revealed"].append(s)
-        return self.say("provide_info", f"the {s} is {t['values'][s]} .")
+        return self.say("provide_info", f"the {s} is {t['values'][s]} .", kind="information", outcomes=outcomes)
 
     def score(self, content: str) -> float:
         words = set(tokenize(content))

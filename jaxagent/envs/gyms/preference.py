@@ -6,6 +6,10 @@ naming one aspect reveals it (``provide_info``); several aspects get a ``complai
 ``clarify_request``, a repeat a ``correct``. The best option (highest summed weight of matched
 preferences) is unique. The ``answer``'s first number names the chosen option: reward 1 for the
 best, else 0.
+
+Feedback kinds: a revealed preference is ``information``; the complaint, the clarify request and
+the repeat (which restates the preference) are ``corrections``. Replies are not enumerated (no
+marginal prior).
 """
 
 from __future__ import annotations
@@ -89,15 +93,16 @@ class PreferenceGym(ScriptedGym):
         words = set(tokenize(content))
         asked = [a for a in DOMAINS[self.task["domain"]] if a in words]
         if not asked:
-            return self.say("clarify_request", "please ask about one aspect .")
+            return self.say("clarify_request", "please ask about one aspect .", kind="correction")
         if len(asked) > 1:
-            return self.say("complain", "please ask one thing at a time .")
+            return self.say("complain", "please ask one thing at a time .", kind="correction")
         a = asked[0]
         v, w = self.task["prefs"][a]
         if a in self.state["revealed"]:
-            return self.say("correct", f"i already told you . i want {v} , it matters {WEIGHT_WORDS[w]} .")
+            return self.say("correct", f"i already told you . i want {v} , it matters {WEIGHT_WORDS[w]} .",
+                            kind="correction")
         self.state["revealed"].append(a)
-        return self.say("provide_info", f"i want {v} , it matters {WEIGHT_WORDS[w]} .")
+        return self.say("provide_info", f"i want {v} , it matters {WEIGHT_WORDS[w]} .", kind="information")
 
     def on_answer(self, content: str):
         nums = _INT.findall(content)

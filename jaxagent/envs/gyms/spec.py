@@ -2,7 +2,8 @@
 
 Settings are the run's ``env`` section: ``gym`` (a name of `GYMS`), ``max_steps`` (null: the gym's
 default), ``outcome`` (``graded`` or ``binary``), ``train_tasks`` / ``test_tasks`` / ``task_seed``.
-Demonstrations are the gym's expert (or imitable expert) episodes with random-policy noise
+Intention and telepathy enumerate their replies (InfoPO's marginal prior); function and
+preference do not. Demonstrations are the gym's expert (or imitable expert) episodes with random-policy noise
 (`jaxagent.envs.gyms.demos.expert_plan`, played through the episode runner).
 """
 
@@ -42,7 +43,7 @@ def _demos(ctx: EnvContext, setup: EnvSetup, request: DemoRequest) -> DemoPlan:
 
 GYM = EnvSpec(
     name="gym", build=_build, description="scripted user gyms (env.gym: " + ", ".join(GYMS) + "); no LLM",
-    max_reward=MAX_REWARD, reaction_labels=LABELS, demonstrations=_demos, check=_check,
+    max_reward=MAX_REWARD, reaction_labels=LABELS, reply_alternatives=lambda env: GYMS[env.gym].env_cls.enumerates_replies, demonstrations=_demos, check=_check,
     label=lambda env: env.gym)
 
 __all__ = ["GYM"]

@@ -2,9 +2,15 @@
 
 A thing is one value of each attribute (color, shape, size, material: 4*4*2*4 = 128 things). A
 question names one or more values of a single attribute ("is it red or blue ?"): the user answers
-yes (``confirm``) or no (``provide_info``); values of several attributes, or none, get a
-``clarify_request``; a repeated question a ``complain``. The ``answer`` must name exactly one value
+yes (``confirm``) or no (``provide_info``), a repeated question again the same way; values of
+several attributes, or none, get a ``clarify_request``. The ``answer`` must name exactly one value
 of each attribute: reward 1 when it is the hidden thing, else 0.
+
+Feedback kinds: yes and no (first asked or repeated) are ``information``; the two clarify
+requests are ``corrections``. Every reply carries its alternatives: a question about values V of
+an attribute whose candidates (the values the answers so far leave) are C is answered yes with
+probability |V & C| / |C| (the hidden thing uniform over what is left), so a repeated question,
+or one about values already ruled in or out, has one possible answer.
 """
 
 from __future__ import annotations
@@ -35,9 +41,13 @@ _TEXTS = ("i am thinking of a thing . it has a size , color , shape and material
           "yes , that is it ! no , it was .")
 
 
+_YES, _NO = ("yes .", "yes , it is ."), ("no .", "no , it is not .")
+
+
 class TelepathyGym(ScriptedGym):
     name = "telepathy"
     default_max_steps = 16
+    enumerates_replies = True
     extra_words = frozenset(w for text in (*_TEXTS, *ATTRIBUTES, *_VALUE_OF) for w in tokenize(text))
 
     @staticmethod
@@ -62,18 +72,21 @@ class TelepathyGym(ScriptedGym):
         attrs = {_VALUE_OF[v] for v in values}
         if not values:
             return self.say("clarify_request",
-                            "please ask a yes or no question about size , color , shape or material .")
+                            "please ask a yes or no question about size , color , shape or material .",
+                            kind="correction")
         if len(attrs) > 1:
-            return self.say("clarify_request", "please ask about one thing at a time .")
+            return self.say("clarify_request", "please ask about one thing at a time .", kind="correction")
         (attr,) = attrs
         key = frozenset(values)
-        if any(k == key for _, k, _ in self.state["asked"]):
-            return self.say("complain", "you asked that already .")
+        cands = candidates(self.state["asked"])[attr]
+        p_yes = sum(v in key for v in cands) / len(cands)
         yes = self.task[attr] in values
-        self.state["asked"].append((attr, key, yes))
+        if not any(k == key for _, k, _ in self.state["asked"]):
+            self.state["asked"].append((attr, key, yes))
+        outcomes = ((p_yes, _YES), (1.0 - p_yes, _NO))
         if yes:
-            return self.say("confirm", "yes .", "yes , it is .")
-        return self.say("provide_info", "no .", "no , it is not .")
+            return self.say("confirm", *_YES, kind="information", outcomes=outcomes)
+        return self.say("provide_info", *_NO, kind="information", outcomes=outcomes)
 
     def on_answer(self, content: str):
         words = [w for w in tokenize(content) if w in _VALUE_OF]
@@ -84,6 +97,7 @@ class TelepathyGym(ScriptedGym):
             if named.get(a, w) != w:
                 ok = False
             named[a] = w
+        self.state["partial"] = sum(named.get(a) == v for a, v in self.task.items()) / len(self.task) if ok else 0.0
         if ok and named == self.task:
             return 1.0, self.say("accept", "yes , that is it !")
         return 0.0, self.say("reject", f"no , it was {describe(self.task)} .")

@@ -18,8 +18,11 @@ Conditions (``--conditions``, comma-separated; default all eleven): ``grpo``, ``
 controls ``faca/shifted``, ``faca/random``, ``faca/reversed`` (``faca.ablation=shift|random|reverse``);
 ``control``: GRPO at ``optim.lr=0`` (the warm start itself, through identical rollouts: what RL adds).
 Outside the default grid, diagnostics: ``infopo/pos-info`` (``infopo.negative_weight=0``: the info
-term's negative entries dropped) and ``infopo/by-turn`` (``infopo.normalize_by=group_turn``: each
-turn's gain against the same turn of the group's other episodes, not against every turn).
+term's negative entries dropped), ``infopo/by-turn`` (``infopo.normalize_by=group_turn``: each
+turn's gain against the same turn of the group's other episodes, not against every turn), and
+the variants `scripts/bench_credit.py` compares: ``infopo/reference`` (the InfoPO reference code's
+choices together), ``infopo/marginal`` (the marginal prior), ``infopo/in-vocab`` (a placeholder in
+the gyms' words), ``infopo/no-corrections`` (corrections out of the valid turns).
 
 Every ``key=value`` argument is passed to every job (``python -m jaxagent.launch`` overrides); the
 script sets ``job``, ``name``, ``runs_dir``, ``seed``, ``env.gym``, ``progress`` and the condition's

@@ -37,8 +37,19 @@ CONDITIONS: dict[str, tuple[str, ...]] = {
     # InfoPO with each turn normalised against the same turn of its group only
     "infopo/pos-info": ("rl.credit=infopo", "infopo.negative_weight=0"),
     "infopo/by-turn": ("rl.credit=infopo", "infopo.normalize_by=group_turn"),
+    # InfoPO as its reference code runs it (kfq20/InfoPO; every choice of credit.infopo's docstring)
+    "infopo/reference": ("rl.credit=infopo", "infopo.stat_unit=token", "infopo.std_ddof=1",
+                         "infopo.magnitude_ratio=true", "infopo.placeholder_mode=overwrite", "grpo.std_ddof=1",
+                         "grpo.singleton=reward"),
+    # the counterfactual as the paper's argument assumes it: the mixture over the replies the gym could give
+    "infopo/marginal": ("rl.credit=infopo", "infopo.prior=marginal"),
+    # a placeholder in the gyms' own words (the tool's acknowledgement without the user's reply)
+    "infopo/in-vocab": ("rl.credit=infopo", "infopo.placeholder=sent ."),
+    # turns whose feedback is a correction left out of InfoPO's valid turns
+    "infopo/no-corrections": ("rl.credit=infopo", "infopo.exclude_corrections=true"),
 }
-DIAGNOSTICS = ("infopo/pos-info", "infopo/by-turn")
+DIAGNOSTICS = ("infopo/pos-info", "infopo/by-turn", "infopo/reference", "infopo/marginal", "infopo/in-vocab",
+               "infopo/no-corrections")
 GRID = tuple(c for c in CONDITIONS if c not in DIAGNOSTICS)  # the default: the eleven conditions
 BASELINE = "grpo"
 # model.* keys that only apply to presets (ModelSection.validate rejects them next to model.path).

@@ -23,7 +23,9 @@ minus control, mean over seeds with a percentile-bootstrap interval over seeds, 
 one summary line whose keys include ``paired_success_gain`` (grpo - control, held-out success at
 the training temperature, mean over (seed, task) pairs) with ``paired_success_gain_ci95`` (a paired
 BCa bootstrap 95% interval), the same for reward and for greedy decoding, the warm start's and
-both runs' figures, ``identical_first_rollouts``, and ``credit``: per condition its gains against
+both runs' figures, ``identical_first_rollouts``, ``warm_start`` (per seed: the SFT's final loss and
+held-out success before RL) with ``warm_start_ok`` (every seed's greedy success at least 0.7: a
+collapsed warm start is seen), and ``credit``: per condition its gains against
 the control and against grpo, steps to threshold and the run-mean credit coverage. Progress goes
 to stderr.
 """
@@ -44,8 +46,8 @@ import numpy as np
 from jaxagent.eval.stats import paired_bca, percentile_interval
 from jaxagent.jobs.experiments import credit_grid as cc
 
-#: The warm start: the quickstart's SFT (600 steps on the imitable demonstrations with noise).
-SFT_SETTINGS = ("sft.steps=600", "eval.sampled_k=0")
+#: The warm start: the quickstart's SFT (1000 steps on the imitable demonstrations with noise).
+SFT_SETTINGS = ("sft.steps=1000", "eval.sampled_k=0")
 #: The RL settings (docs/RESULTS.md, "RL that learns"): 32 iterations of 64 episodes (8 tasks x 8)
 #: on training tasks drawn from 4096 (the warm start imitated the first 512: RL then trains where
 #: the held-out tasks are, on tasks it has not memorised), two updates of 32 per iteration (each
@@ -200,6 +202,35 @@ def _mean_of(runs, cond, label, key):
     return float(np.mean(vals)) if vals else None
 
 
+#: A warm start below this held-out greedy success is reported as collapsed (``warm_start_ok`` false).
+WARM_START_MIN_GREEDY = 0.7
+
+
+def sft_final_loss(run_dir: Path) -> float | None:
+    """The last logged SFT loss of a warm start's run (None when it has none)."""
+    from jaxagent.eval.report import read_metrics
+
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    sft = [r for r in read_metrics(path) if r.get("phase") == "sft" and "loss" in r]
+    return float(sft[-1]["loss"]) if sft else None
+
+
+def warm_starts(runs: Mapping[int, Mapping[str, Any]], sft_loss: Mapping[int, float | None]) -> dict[str, Any]:
+    """Per seed the warm start's figures: its final SFT loss and its held-out success before RL
+    (the grpo run's ``before`` evaluation: greedy and at the training temperature); the smallest
+    greedy success, and ``warm_start_ok`` (every seed at least `WARM_START_MIN_GREEDY`)."""
+    per = {}
+    for s, r in runs.items():
+        before = r["grpo"].get("before") or {}
+        per[s] = {"sft_final_loss": sft_loss.get(s), "greedy_success": before.get("success"),
+                  "sampled_success": before.get("sampled/success")}
+    greedy = [v["greedy_success"] for v in per.values() if v["greedy_success"] is not None]
+    return {"warm_start": per, "warm_start_min_greedy_success": min(greedy) if greedy else None,
+            "warm_start_ok": bool(greedy) and len(greedy) == len(per) and min(greedy) >= WARM_START_MIN_GREEDY}
+
+
 def summarize(runs: Mapping[int, Mapping[str, Any]], *, n_boot: int) -> dict[str, Any]:
     out: dict[str, Any] = {"seeds": sorted(runs)}
     for name, key in (("success", "sampled/success_by_task"), ("reward", "sampled/reward_by_task"),
@@ -281,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in curves(runs, n_boot=args.bootstrap):
         print(json.dumps(row))
     summary = summarize(runs, n_boot=args.bootstrap)
+    summary.update(warm_starts(runs, {s: sft_final_loss(Path(args.runs_dir) / cc.sft_name(args.prefix, args.gym, s))
+                                      for s in runs}))
     summary["credit"] = credit_table(runs, args.conditions, n_boot=args.bootstrap)
     summary.update(threshold=THRESHOLD, threshold_smooth=SMOOTH)
     summary.update(command="python3 scripts/bench_rl_learns.py" + (" " + " ".join(argv) if argv else ""),
