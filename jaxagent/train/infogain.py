@@ -168,15 +168,21 @@ def compute_infogain(
 
 
 # ---------------------------------------------------------------------------- marginal prior
-def marginal_histories(host: HostBatch) -> tuple[list[tuple[int, int, list[int], int, int]], list[float]]:
+def _valid_on_host(host: HostBatch) -> np.ndarray:
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):  # [B, T] spans only, on the host
+        return np.asarray(infogain_valid_turns(host))
+
+
+def marginal_histories(host: HostBatch, valid: np.ndarray | None = None
+                       ) -> tuple[list[tuple[int, int, list[int], int, int]], list[float]]:
     """The histories `marginal_infogain` scores, as ``(b, t, tokens, start of a_{t+1}, k)`` with
     k = -1 for the factual history and 0.. for the alternatives, and each alternative's log
     probability (in job order, -inf-free; the factual entries hold 0). Only valid turns whose
-    feedback has alternatives appear (the others' gain is 0)."""
+    feedback has alternatives appear (the others' gain is 0). ``valid``: the batch's valid turns,
+    when the caller has them."""
     toks = np.asarray(host.tokens_BL)
     act = np.asarray(host.action_span_BT2)
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        valid = np.asarray(infogain_valid_turns(host))
+    valid = _valid_on_host(host) if valid is None else valid
     jobs, logw = [], []
     alts = host.alternatives or ()
     for b, row in enumerate(alts):
@@ -236,10 +242,9 @@ def marginal_infogain(
     carry alternatives (`HostBatch.alternatives`; None gives 0 on every turn). Every history is
     scored ``rows`` at a time at the sampler's ``temperature`` / ``vocab_limit``, padded to a
     multiple of ``multiple`` tokens. ``tokens_processed`` counts the padded positions scored."""
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        valid = np.asarray(infogain_valid_turns(host))
+    valid = _valid_on_host(host)
     B, T = valid.shape
-    jobs, logw = marginal_histories(host)
+    jobs, logw = marginal_histories(host, valid)
     score = _naive_scorer(config, attn_impl, float(temperature), vocab_limit)
     sums = np.zeros(len(jobs), np.float64)
     processed = 0
@@ -266,8 +271,7 @@ def marginal_naive(params: Params, host: HostBatch, *, config: QwenConfig, tempe
     """The reference of `marginal_infogain`: a Python loop over turns and over their replies, each
     history scored alone (unpadded) and the mixture summed in probability space. Returns r_info
     [B, T] (float64 numpy)."""
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        valid = np.asarray(infogain_valid_turns(host))
+    valid = _valid_on_host(host)
     toks = np.asarray(host.tokens_BL)
     act = np.asarray(host.action_span_BT2)
     r = np.zeros(valid.shape, np.float64)
