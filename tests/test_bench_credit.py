@@ -38,6 +38,15 @@ def test_summary_keys_and_figures_by_hand():
     assert row["why/info_partial_corr"] == pytest.approx(0.5)  # None iterations left out
     # training success 0, 1 never reaches a smoothed 0.3 in full windows of 4: censored at 2 + 1
     assert row["steps_to_threshold"] == {0: 3, 1: 3} and row["steps_vs_grpo"]["gain"] == 0.0
+    # the Markdown table: one row per condition, the figures of the JSON line
+    md = b.markdown_table({**s, "threshold": 0.3}).splitlines()
+    assert len(md) == 2 + 4 and md[0].count("|") == md[1].count("|") == md[2].count("|") == 11
+    cells = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in md[2:]}
+    assert cells["grpo"][2] == "(baseline)" and cells["control"][3] == "(baseline)"
+    lo, hi = s["infopo_marginal_minus_grpo_ci95"]
+    assert cells["infopo/marginal"][2] == f"+0.250 [{lo:+.3f}, {hi:+.3f}]"
+    assert cells["infopo/marginal"][5] == "3, 3" and cells["infopo/marginal"][6] == "0.50"
+    assert cells["faca"][8] == "+0.50 / n/a"  # why/info_partial_corr's run mean; no proc figure
 
 
 @pytest.mark.parametrize("setting", sorted(b.SETTINGS))

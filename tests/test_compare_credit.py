@@ -274,3 +274,16 @@ def test_check_existing_new_keys_at_their_default_and_sft_runs_rl_sections(tmp_p
     # an RL run's rl section is compared
     with pytest.raises(SystemExit, match=r"rl\.credit"):
         cc.check_existing(_stored(tmp, "rl_credit", configlib.deep_merge(rl, {"rl": {"credit": "faca"}})), rl)
+
+
+def test_a_rerun_replaces_only_the_generated_part(tmp_path):
+    from jaxagent.jobs.experiments.grid_report import BEGIN, END, replace_generated
+    path = tmp_path / "RESULTS.md"
+    replace_generated(path, "table one\n")  # a new file: the block alone
+    assert path.read_text() == f"{BEGIN}\ntable one\n{END}\n"
+    path.write_text("# lead, by hand\n\n" + path.read_text() + "\n## after, by hand\n")
+    replace_generated(path, "table two\n")
+    assert path.read_text() == f"# lead, by hand\n\n{BEGIN}\ntable two\n{END}\n\n## after, by hand\n"
+    path.write_text("no markers\n")  # a file without both markers is written whole
+    replace_generated(path, "t\n")
+    assert path.read_text() == f"{BEGIN}\nt\n{END}\n"

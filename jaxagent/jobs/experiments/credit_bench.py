@@ -18,7 +18,7 @@ per job, finished runs reused, a changed config refused), so every difference is
 
     python3 scripts/bench_credit.py --setting infopo_telepathy            # seeds 0,1,2
     python3 scripts/bench_credit.py --setting faca_intention --seeds 0 steps=4   # a quick look
-    python3 scripts/bench_credit.py --setting infopo_telepathy --report-only
+    python3 scripts/bench_credit.py --setting infopo_telepathy --report-only --markdown table.md
 
 Output: progress on stderr, then one JSON line: the setting, ``all_zero_group_share`` (GRPO's
 groups whose outcomes are all 0, at the warm start: the first iteration's rollouts), with Faca
@@ -29,7 +29,8 @@ paired BCa over (seed, task)), the same against ``control``, and ``conditions``:
 its success gains (sampled and greedy), steps to `Setting.threshold` (training success smoothed
 over `rl_learns.SMOOTH` iterations; censored runs count as iterations + 1), and the run means of
 the diagnostics in `DIAGNOSTIC_KEYS` (credit coverage, all-zero groups, the ``why/*`` figures of
-`jaxagent.train.why`).
+`jaxagent.train.why`). ``--markdown PATH`` also writes the comparison as a Markdown table
+(`markdown_table`, from the JSON line's figures alone: the table docs/RESULTS.md quotes).
 """
 
 from __future__ import annotations
@@ -101,12 +102,16 @@ def first_iteration(runs: Mapping[int, Mapping[str, Any]], cond: str, key: str) 
     return float(np.mean(vals)) if vals else None
 
 
+def _steps(rl: Sequence[Mapping[str, Any]], threshold: float) -> int:
+    """Iterations to ``threshold`` (`steps_to_threshold`); a censored run counts as iterations + 1."""
+    hit = steps_to_threshold(rl, threshold)
+    return len(rl) + 1 if hit is None else hit
+
+
 def condition_table(runs: Mapping[int, Mapping[str, Any]], conditions: Sequence[str], setting: Setting, *,
                     n_boot: int) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    steps = {c: {s: (lambda h, rl: len(rl) + 1 if h is None else h)(
-        steps_to_threshold(r[c]["rl"], setting.threshold), r[c]["rl"]) for s, r in runs.items() if c in r}
-        for c in conditions}
+    steps = {c: {s: _steps(r[c]["rl"], setting.threshold) for s, r in runs.items() if c in r} for c in conditions}
     for c in conditions:
         row: dict[str, Any] = {"seeds": sorted(steps[c])}
         for base in ("grpo", "control"):
@@ -149,6 +154,41 @@ def summarize(runs: Mapping[int, Mapping[str, Any]], conditions: Sequence[str], 
     return out
 
 
+def _f(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def _gain(p: Mapping[str, Any] | None) -> str:
+    if not p:
+        return "n/a"
+    lo, hi = p["ci95"]
+    return f"{p['gain']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def markdown_table(out: Mapping[str, Any]) -> str:
+    """The JSON line ``out`` (`summarize` plus the run's facts) as a Markdown table, one row per
+    condition: held-out success after RL at the training temperature, its paired difference to
+    GRPO and to the lr = 0 control with the BCa 95% intervals, the same against GRPO greedy, the
+    per-seed steps to the threshold, the all-zero group share, the credit terms' coverage, the
+    ``why/*`` correlations and the credit's seconds per iteration (run means over seeds)."""
+    cond = out["conditions"]
+    head = ("| condition | success after (T = 1) | Δ vs grpo [95% CI] | Δ vs control [95% CI] | greedy Δ vs grpo "
+            f"| iterations to {out.get('threshold', 0):g} per seed | all-zero groups | A_info / A_proc cover "
+            "| why: info / proc corr | credit s/iter |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for c, row in cond.items():
+        steps = ", ".join(str(v) for _, v in sorted(row["steps_to_threshold"].items(), key=lambda kv: int(kv[0])))
+        cover = f"{_f(row.get('credit/cover/info'), '{:.2f}')} / {_f(row.get('credit/cover/proc'), '{:.2f}')}"
+        why = f"{_f(row.get('why/info_partial_corr'), '{:+.2f}')} / {_f(row.get('why/proc_partial_corr'), '{:+.2f}')}"
+        lines.append(f"| {c} | {_f(row.get('success_after'))} | "
+                     f"{'(baseline)' if c == 'grpo' else _gain(row.get('success_vs_grpo'))} | "
+                     f"{'(baseline)' if c == 'control' else _gain(row.get('success_vs_control'))} | "
+                     f"{'(baseline)' if c == 'grpo' else _gain(row.get('greedy_success_vs_grpo'))} | {steps} | "
+                     f"{_f(row.get('credit/all_zero_group_share'), '{:.2f}')} | {cover} | {why} | "
+                     f"{_f(row.get('time/credit_s'), '{:.1f}')} |")
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="scripts/bench_credit.py", description=__doc__.split("\n\n")[0],
                                  epilog="A key=value argument is a jaxagent.launch override of every job of the "
@@ -163,6 +203,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--parallel", type=int, default=2, help="jobs run at once (each its own process)")
     ap.add_argument("--compile-cache", default=None, metavar="DIR", help="JAX persistent compilation cache")
     ap.add_argument("--report-only", action="store_true", help="no runs: the figures of the finished runs")
+    ap.add_argument("--markdown", default=None, metavar="PATH", help="also write the comparison as a Markdown table")
     ap.add_argument("overrides", nargs="*", metavar="key=value")
     args = ap.parse_args(argv)
     bad = [o for o in args.overrides if "=" not in o]
@@ -210,9 +251,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                threshold=setting.threshold, overrides=args.overrides, seeds=sorted(runs), failed=failed,
                runs_dir=args.runs_dir, wall_s=time.perf_counter() - t0,
                date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), machine=cc.machine())
+    if args.markdown:
+        Path(args.markdown).write_text(markdown_table(out), encoding="utf-8")
+        log(f"wrote {args.markdown}")
     log(f"runs in {args.runs_dir}/{args.prefix}_{setting.gym}_s*; the JSON line follows")
     print(json.dumps(out))
     return 1 if failed else 0
 
 
-__all__ = ["DIAGNOSTIC_KEYS", "SETTINGS", "Setting", "condition_table", "main", "summarize"]
+__all__ = ["DIAGNOSTIC_KEYS", "SETTINGS", "Setting", "condition_table", "main", "markdown_table", "summarize"]

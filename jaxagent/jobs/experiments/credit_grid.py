@@ -70,11 +70,30 @@ from typing import Any
 from jaxagent.eval.stats import paired_bootstrap, steps_to_threshold
 from jaxagent.jobs.experiments.grid_figures import censored_steps, collect, compare, run_figures, success_pairs
 from jaxagent.jobs.experiments.grid_report import gym_table, machine, what_we_see, write_results
-from jaxagent.jobs.experiments.grid_runs import (BASELINE, COMPILE_CACHE_ENV, CONDITIONS, DIAGNOSTICS, GRID,
-                                                 IGNORED_IN_CONFIG_CHECK, PRESET_ONLY, ROOT, SFT_UNREAD,
-                                                 check_existing, launch, launch_in_process, log, override_key,
-                                                 plain_config, rl_name, rl_overrides, run_grid, sft_name,
-                                                 sft_overrides, slug, use_compile_cache)
+from jaxagent.jobs.experiments.grid_runs import (
+    BASELINE,
+    COMPILE_CACHE_ENV,
+    CONDITIONS,
+    DIAGNOSTICS,
+    GRID,
+    IGNORED_IN_CONFIG_CHECK,
+    PRESET_ONLY,
+    ROOT,
+    SFT_UNREAD,
+    check_existing,
+    launch,
+    launch_in_process,
+    log,
+    override_key,
+    plain_config,
+    rl_name,
+    rl_overrides,
+    run_grid,
+    sft_name,
+    sft_overrides,
+    slug,
+    use_compile_cache,
+)
 
 QUICK_CONDITIONS = ("grpo", "infopo")
 # --quick: a smoke run of the whole pipeline in seconds per job (user overrides still win).

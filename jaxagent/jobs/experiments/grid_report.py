@@ -1,7 +1,8 @@
 """The credit grid's results document: one table per gym (`gym_table`), the "what we see" sentences stated
 from the numbers alone (`what_we_see`), the machine the grid ran on (`machine`: platform, CPUs, Python, jax
 and its backend, the git commit) and `write_results`, which writes the Markdown report (docs/RESULTS.md by
-default) with the command, the design and the intervals it used.
+default) with the command, the design and the intervals it used: between two markers, so that
+the hand-written sections around them survive a rerun (`replace_generated`).
 """
 
 from __future__ import annotations
@@ -137,5 +138,21 @@ def write_results(path: Path, *, command: str, info: Mapping[str, Any], override
     lines += [what_we_see(g, data.get(g, {}), comps.get(g, {}), args.threshold) for g in args.gyms]
     if failed:
         lines += ["", "Runs that did not finish (left out of the tables): " + ", ".join(failed) + "."]
+    replace_generated(path, "\n".join(lines) + "\n")
+
+
+#: The markers around the generated part of a report that also holds hand-written sections.
+BEGIN, END = "<!-- compare_credit: generated from here -->", "<!-- compare_credit: generated up to here -->"
+
+
+def replace_generated(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` between `BEGIN` and `END`: where the file exists and holds both
+    markers, only what lies between them is replaced (the hand-written sections around it stay);
+    otherwise the file is written whole, with the markers."""
+    block = f"{BEGIN}\n{text}{END}\n"
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    i, j = old.find(BEGIN), old.find(END)
+    if 0 <= i < j:
+        block = old[:i] + block + old[j + len(END):].removeprefix("\n")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.write_text(block, encoding="utf-8")

@@ -214,8 +214,8 @@ def launch_in_process(overrides: Sequence[str], config_file: str | None, run_dir
     failure's traceback goes to ``<run_dir>/launch.log``."""
     import traceback
 
-    from jaxagent.jobs.config import load_config
     from jaxagent.jobs import run_job
+    from jaxagent.jobs.config import load_config
 
     run_dir.mkdir(parents=True, exist_ok=True)
     overrides = list(overrides) + (["resume=true"] if (run_dir / "metrics.jsonl").exists() else [])

@@ -74,7 +74,7 @@ def summarise(push_B, n_B, reward_B, group_B, success_threshold: float) -> dict:
         return float(push_B[m].sum() / n_B[m].sum()) if n_B[m].sum() else None
 
     l1 = np.abs(push_B).sum()
-    out = {"episodes": int(len(reward_B)), "success_rate": float(ok.mean()),
+    out = {"episodes": len(reward_B), "success_rate": float(ok.mean()),
            "net_info_per_token": {"success": per_token(ok), "failure": per_token(~ok)},
            "info_l1_share": {}, "group_share": {}}
     for k in ("all_success", "all_failure", "mixed"):
