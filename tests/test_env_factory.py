@@ -41,7 +41,8 @@ def test_tau2_records_only_while_recording_and_summarises_its_reports():
     assert envs.drain() == []  # drained: forgotten
     # the oracle solves both: DB and COMMUNICATE 1, pass@1 1, under the offline scoring
     assert envs.summarize(reports, k=1) == {"tau2/db": 1.0, "tau2/communicate": 1.0, "tau2/pass_at_k": 1.0,
-                                            "tau2/scoring_mode": "offline"}
+                                            "tau2/scoring_mode": "offline", "tau2/action": 1.0,
+                                            "tau2/pass_hat_1": 1.0}
     rows = envs.per_task(reports)
     assert [(r["task_id"], r["runs"], r["success"]) for r in rows] == [("0", 1, 1.0), ("1", 1, 1.0)]
     asyncio.run(envs.aclose())

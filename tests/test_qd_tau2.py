@@ -1,9 +1,10 @@
-"""The Q&D loop inside a tau2 retail agent (jaxagent/qd/tau2.py, job=qd_tau2): evidence identity, the
+"""The Q&D loop inside a tau2 agent (jaxagent/qd/tau2.py, job=qd_tau2): evidence identity, the
 offline selector, tool plans, the agent against the real environment and scripted customer (reads
 outside the transcript, budgets, plans executed and scored), the endpoint roles over loopback HTTP,
-and the job."""
+and the job; on retail, and on airline through its Q&D plug-in (the domain as a setting)."""
 
 import asyncio
+import hashlib
 import json
 
 import jax
@@ -12,14 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
-from jaxagent.rollout.runner import play
+from jaxagent.envs.tau2.db import db_hash
 from jaxagent.envs.tau2.env import Tau2Env, scripted_customers
 from jaxagent.envs.tau2.scoring import initial_db
-from jaxagent.envs.tau2.db import db_hash
+from jaxagent.envs.tau2.tasks import load_task_set
 from jaxagent.qd.agents import NeverAsk, Reply
 from jaxagent.qd.loop import RoleFailed
 from jaxagent.qd.tau2 import (
     PLAN_MARKER,
+    QD_DOMAINS,
     EndpointAnswerer,
     EndpointDrafter,
     EndpointSelector,
@@ -32,8 +34,11 @@ from jaxagent.qd.tau2 import (
     Tau2QDConfig,
     evidence_key,
     follow_up_turns,
+    qd_domain,
+    reservation_ids,
     split_plan,
 )
+from jaxagent.rollout.runner import play
 from jaxagent.text.toolcalls import ToolCall
 from tests.loopback import chat_server
 from tests.tau2_helpers import TASKS
@@ -243,7 +248,7 @@ def test_endpoint_selector_drafter_and_answerer_over_http():
         "find_user_id_by_email", "find_user_id_by_name_zip", "get_item_details", "get_order_details",
         "get_product_details", "get_user_details", "list_all_product_types"}
     assert requests[0]["tool_choice"] == "required"
-    assert "<policy>" in requests[1]["messages"][0]["content"]
+    assert requests[1]["messages"][0]["content"].startswith("You work for a retail customer-service agent.\n<policy>")
     assert '"order_id": "#W2378156"' in requests[2]["messages"][1]["content"]  # the record, to the drafter
     turn = rec["turns"][0]
     assert turn["questions"][0]["evidence"] == "order:#W2378156"
@@ -271,7 +276,7 @@ def test_job_runs_both_arms_and_compares_them(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["job=qd_tau2"], "expected env.kind='tau2_retail'"),
+    (["job=qd_tau2"], "expected env.kind='tau2'"),
     (["job=qd_tau2", "env.kind=tau2_retail", "qd.tau2.baseline=endpoint"], "expected qd.drafter_endpoint"),
     (["job=qd_tau2", "env.kind=tau2_retail", "qd.baseline=never_ask"], "qd.tau2.baseline"),
 ])
@@ -280,3 +285,182 @@ def test_job_refuses_what_cannot_run(overrides, message):
 
     with pytest.raises(Exception, match=message):
         load_config(None, overrides)
+
+
+# ----------------------------------------------------------------------------- the domain as a setting
+AIRLINE_TASKS = load_task_set(domain="airline")
+AIR_READS = {"get_user_details", "get_reservation_details", "get_flight_status", "search_direct_flight",
+             "search_onestop_flight", "list_all_airports"}
+
+
+def _air_select(q):
+    return asyncio.run(RuleSelector("airline").select(q, CTX))
+
+
+def test_each_domain_has_one_plug_in_and_an_unknown_one_is_named():
+    from jaxagent.envs.tau2 import DOMAINS
+
+    assert set(QD_DOMAINS) == {"retail", "airline"} <= set(DOMAINS)
+    with pytest.raises(ValueError, match=r"domain='telecom'.*'retail', 'airline'"):
+        qd_domain("telecom")
+    with pytest.raises(ValueError, match="domain='telecom'"):
+        RuleSelector("telecom")
+    # the retail routing prompt is the one measured in docs/QD.md, byte for byte
+    assert hashlib.sha256(qd_domain("retail").prompts["routing_stop"].encode()).hexdigest()[:16] == "f923aea2c8cfc021"
+    air = qd_domain("airline").prompts["routing"]
+    assert "airline customer-service agent" in air and "4WQ150" in air and "order" not in air
+
+
+def test_airline_reservation_ids_are_six_capitals_or_digits_but_not_flights_or_words():
+    assert reservation_ids("Cancel EHGLP3 and 4WQ150, not flight HAT001 nor 123456.") == ["EHGLP3", "4WQ150"]
+    assert reservation_ids("My reservation is VAAOXJ. PLEASE hurry.") == ["VAAOXJ"]  # letters only: after the word
+    assert reservation_ids("PLEASE help, it is URGENT") == []
+
+
+def test_airline_evidence_is_the_record_the_arguments_name():
+    assert evidence_key("get_reservation_details", {"reservation_id": "4WQ150"}, "airline") == "reservation:4WQ150"
+    assert evidence_key("get_user_details", {"user_id": "emma_kim_9957"}, "airline") == "user:emma_kim_9957"
+    assert evidence_key("get_flight_status", {"flight_number": "HAT001", "date": "2024-05-16"}, "airline") \
+        == "flight:HAT001:2024-05-16"
+    assert evidence_key("search_direct_flight", {"origin": "JFK", "destination": "SFO", "date": "2024-05-20"},
+                        "airline") == "search_direct_flight:date=2024-05-20,destination=SFO,origin=JFK"
+    assert evidence_key("list_all_airports", {}, "airline") == "list_all_airports"
+
+
+def test_the_airline_rule_selector_reads_airline_identifiers_and_calls_only_airline_lookups():
+    assert _air_select("What are the details of reservation 4WQ150?") == ToolCall(
+        "get_reservation_details", {"reservation_id": "4WQ150"})
+    assert _air_select("Show user emma_kim_9957") == ToolCall("get_user_details", {"user_id": "emma_kim_9957"})
+    assert _air_select("What is the status of flight HAT001 on 2024-05-16?") == ToolCall(
+        "get_flight_status", {"flight_number": "HAT001", "date": "2024-05-16"})
+    assert _air_select("Direct flights from JFK to SFO on 2024-05-20?") == ToolCall(
+        "search_direct_flight", {"origin": "JFK", "destination": "SFO", "date": "2024-05-20"})
+    assert _air_select("One-stop flights from JFK to SFO on 2024-05-20?").name == "search_onestop_flight"
+    assert _air_select("Which airports are there?") == ToolCall("list_all_airports", {})
+    assert _air_select("What is the status of flight HAT001?") is None  # a flight's status needs its date
+    assert _air_select("What are the details of order #W2378156?") is None  # retail's ids mean nothing here
+    assert _select("What are the details of reservation 4WQ150?") is None  # and airline's nothing in retail
+    env = Tau2Env(AIRLINE_TASKS, customer=scripted_customers(), domain="airline")
+    asyncio.run(env.reset("0", 0))
+    for q in ("reservation EHGLP3", "user emma_kim_9957", "flight HAT001 on 2024-05-16",
+              "from JFK to SFO on 2024-05-20", "one-stop from JFK to SFO on 2024-05-20", "airports"):
+        call = _air_select(q)
+        assert call.name in AIR_READS and not env.read(call.name, call.arguments).error, q
+
+
+def _air_episode(task_id, questioner, *, drafter=None, selector=None, config=None):
+    async def main():
+        env = Tau2Env(AIRLINE_TASKS, customer=scripted_customers(), domain="airline")
+        agent = Tau2QDAgent(questioner, selector or RuleSelector("airline"), drafter or LookupDrafter(),
+                            LookupAnswerer("airline"), reader=env.read, key=jax.random.key(0), config=config or Tau2QDConfig(),
+                            domain="airline")
+        report = await play(env, agent, task_id, 0, max_turns=100)
+        return env, report, agent.record()
+
+    return asyncio.run(main())
+
+
+def test_airline_questions_read_the_reservation_its_owner_and_the_named_flights():
+    _, report, rec = _air_episode("0", ScriptedTau2Questioner("airline"))
+    first = rec["turns"][0]["questions"]
+    # the customer names reservation EHGLP3: its record, its owner's, the owner's reservations, its flights' status
+    assert first[0] == {"question": "What are the details of reservation EHGLP3?",
+                        "call": {"name": "get_reservation_details", "arguments": {"reservation_id": "EHGLP3"}},
+                        "evidence": "reservation:EHGLP3", "new": True}
+    assert first[1]["evidence"] == "user:emma_kim_9957"
+    fresh = Tau2Env(AIRLINE_TASKS, customer=scripted_customers(), domain="airline")
+    asyncio.run(fresh.reset("0", 0))
+    user = json.loads(fresh.read("get_user_details", {"user_id": "emma_kim_9957"}).content)
+    named = json.loads(fresh.read("get_reservation_details", {"reservation_id": "EHGLP3"}).content)
+    assert {f"reservation:{r}" for r in user["reservations"]} <= set(rec["evidence"])
+    assert {f"flight:{f['flight_number']}:{f['date']}" for f in named["flights"]} <= set(rec["evidence"])
+    assert all(q["call"]["name"] in AIR_READS for t in rec["turns"] for q in t["questions"])
+    assert rec["questions"] == len(rec["evidence"])
+    assert all(m["role"] in ("user", "assistant") for m in report["messages"])  # reads stay out of the transcript
+    assert report["messages"][1]["content"].startswith("I found your account (emma_kim_9957): reservations EHGLP3 (")
+    assert report["db_hash"] == db_hash(initial_db(AIRLINE_TASKS["0"]))
+    # without questions the lookup answerer asks for the airline customer's identity: the user id
+    _, report, rec = _air_episode("0", NeverAsk())
+    assert rec["questions"] == 0 and "your user id" in report["messages"][1]["content"]
+
+
+def test_an_airline_plan_is_executed_by_the_environment_and_scored():
+    _, report, rec = _air_episode("40", NeverAsk(), drafter=GoldPlanDrafter(AIRLINE_TASKS["40"]))
+    assert rec["planned_calls"] == len(AIRLINE_TASKS["40"].actions) == 2
+    assert report["termination"] == "user_stop" and report["score"]["reward"] == 1.0
+
+
+def test_roles_and_environment_of_another_domain_are_refused():
+    with pytest.raises(ValueError, match="selector.domain='airline'.*'retail'"):
+        Tau2QDAgent(NeverAsk(), RuleSelector("airline"), LookupDrafter(), LookupAnswerer(), reader=None,
+                    key=jax.random.key(0))
+    env = Tau2Env(AIRLINE_TASKS, customer=scripted_customers(), domain="airline")
+    agent = Tau2QDAgent(NeverAsk(), RuleSelector(), LookupDrafter(), LookupAnswerer(), reader=env.read,
+                        key=jax.random.key(0))
+    with pytest.raises(ValueError, match="domain 'airline'; this Q&D agent was built for 'retail'"):
+        asyncio.run(play(env, agent, "0", 0))
+
+
+def test_airline_endpoint_roles_see_airline_tools_and_wording():
+    task = AIRLINE_TASKS["40"]
+    select = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "get_reservation_details", "arguments": json.dumps({"reservation_id": "3RK2T9"})}}]}
+    plan = [{"name": a.name, "arguments": a.arguments} for a in task.actions]
+    replies = [select, "Two passengers.", "Draft: rename.\n" + PLAN_MARKER + json.dumps(plan), "Done.", "Thanks."]
+
+    class OneQuestion:
+        name = "one"
+
+        async def act(self, state, key):
+            return Reply(json.dumps({"action": "ask", "question": "Who flies?"}) if not state.history
+                         else json.dumps({"action": "stop"}))
+
+    with chat_server(replies) as (requests, url):
+        async def main():
+            env = Tau2Env(AIRLINE_TASKS, customer=scripted_customers(), domain="airline")
+            c = _client(url)
+            agent = Tau2QDAgent(OneQuestion(), EndpointSelector(c, "airline"), EndpointDrafter(c, "airline"),
+                                EndpointAnswerer(c, "airline"), reader=env.read, key=jax.random.key(0),
+                                config=Tau2QDConfig(max_decisions=2), domain="airline")
+            report = await play(env, agent, "40", 0, max_turns=3)
+            await c.aclose()
+            return report, agent.record()
+
+        report, rec = asyncio.run(main())
+    assert {t["function"]["name"] for t in requests[0]["tools"]} == AIR_READS  # the airline lookups, nothing else
+    system = requests[1]["messages"][0]["content"]
+    assert system.startswith("You work for an airline customer-service agent.\n<policy>\n")
+    assert "# Airline Agent Policy" in system  # the environment's policy
+    tools = requests[2]["messages"][1]["content"]  # the drafter's plan tools: airline's writes and the exempt two
+    assert '"name": "update_reservation_passengers"' in tools and '"name": "get_order_details"' not in tools
+    assert '"name": "cancel_pending_order"' not in tools and '"name": "get_user_details"' not in tools
+    assert rec["turns"][0]["questions"][0]["evidence"] == "reservation:3RK2T9"
+    assert report["score"]["reward"] == 1.0 and report["termination"] == "user_stop"
+
+
+def test_job_runs_on_airline_as_on_retail(tmp_path):
+    from jaxagent.jobs.config import load_config
+    from jaxagent.jobs.qd_tau2 import run_qd_tau2, summary_table
+
+    cfg = load_config(None, ["job=qd_tau2", "env.kind=tau2", "env.tau2.domain=airline", "env.tau2.tasks=0:3",
+                             "qd.seeds=1", f"runs_dir={tmp_path}", "progress=false", "qd.bootstrap=200"])
+    assert cfg.name == "qd_tau2-airline"
+    s = run_qd_tau2(cfg)
+    t, b = s["arms"]["treatment"], s["arms"]["baseline"]
+    assert s["domain"] == "airline" and s["tasks"] == 3 and t["episodes"] == b["episodes"] == 3
+    assert t["failed_episodes"] == b["failed_episodes"] == 0 and t["questions"] > 0 and b["questions"] == 0
+    assert summary_table(s).startswith("qd_tau2 on tau2 airline (scripted customer")
+    rows = [json.loads(x) for x in (tmp_path / "qd_tau2-airline" / "episodes_treatment.jsonl").read_text().splitlines()]
+    keys = {k for r in rows for k in r["qd"]["evidence"]}
+    assert any(k.startswith("reservation:") for k in keys) and not any(k.startswith("order:") for k in keys)
+    assert load_config(None, ["job=qd_tau2", "env.kind=tau2_retail"]).name == "qd_tau2-retail"
+
+
+def test_job_refuses_a_domain_without_a_plug_in(monkeypatch):
+    from jaxagent.jobs.config import load_config
+    from jaxagent.qd import tau2
+
+    monkeypatch.setattr(tau2, "QD_DOMAINS", {"retail": tau2.RETAIL})
+    with pytest.raises(Exception, match=r"env.tau2.domain='airline': job=qd_tau2 has Q&D plug-ins for tau2 domains "
+                                        r"'retail'"):
+        load_config(None, ["job=qd_tau2", "env.kind=tau2", "env.tau2.domain=airline"])

@@ -72,7 +72,7 @@ def test_resume_refuses_a_changed_config_unless_named_and_keeps_every_config(tmp
     # The next resume compares with the newest config: the same eval.tasks passes, going back is a change.
     assert main(argv + ["resume=true", "eval.tasks=3", "eval.k=2", "steps=9", "progress=true"]) == 0
     assert _cfg(run, "config.resume-2.yaml")["steps"] == 9  # steps, progress: always allowed
-    with pytest.raises(SystemExit, match=r"config.resume-2.yaml\) in 2 key\(s\): eval.k: 2 -> 1; eval.tasks: 3 -> 2"):
+    with pytest.raises(SystemExit, match=r"config.resume-2.yaml\) in 2 key\(s\): eval.k: 2 -> None; eval.tasks: 3 -> 2"):
         main(argv + ["resume=true"])
     # Each launch logged the final evaluation again: only the last one is left.
     results = _results(run)

@@ -168,7 +168,7 @@ def test_tau2_endpoint_eval_against_our_server(tmp_path):
                  decode_steps=8) as r:
         code = main(["job=eval", "env=tau2_retail", "agent=endpoint", "env.tau2.tasks=0:2", "env.tau2.max_steps=6",
                      f"eval.endpoint.base_url={r.url}", f"eval.endpoint.model={MODEL}", "eval.endpoint.max_retries=0",
-                     "eval.endpoint.trust_env=false", "eval.endpoint.max_tokens=12", "eval.concurrency=2",
+                     "eval.endpoint.trust_env=false", "eval.endpoint.max_tokens=12", "eval.concurrency=2", "eval.k=1",
                      f"runs_dir={tmp_path}", "name=ep", "progress=false"])
         stats = dict(r.server.stats)
         reused = r.server.sessions.reused

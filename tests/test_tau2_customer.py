@@ -116,3 +116,20 @@ def test_scripted_customer_stops_complaining_after_an_unexpected_write():
     assert reply_text(s2) == ("That is not what I asked for. " + STOP, "complain") and s2.done
     assert env.unexpected_writes() == [("cancel_pending_order", {"order_id": "#W6247578", "reason": "no longer needed"})]
     assert s2.reward == 0.0 and env.result.components["DB"] == 0.0
+
+
+def test_llm_customer_prompt_is_taus_guidelines_then_the_scenario_then_our_answer_format():
+    """Every domain's text-only LLM customer gets tau2's user-simulator guidelines verbatim (the packaged
+    file), then the task's <scenario> block, then the JSON answer that carries the reaction label."""
+    from jaxagent.envs.tau2.customer import ANSWER_FORMAT, CUSTOMER_PROMPT, GUIDELINES_FILE
+    from jaxagent.envs.tau2.tasks import load_task_set, render_scenario
+    from jaxagent.envs.user_prompt import render_system_prompt
+
+    task = load_task_set(domain="airline")["0"]
+    text = render_system_prompt(CUSTOMER_PROMPT, {"scenario": render_scenario(task)}, (STOP,))
+    guidelines = GUIDELINES_FILE.read_text().strip()
+    assert guidelines.startswith("# User Simulation Guidelines") and "'###OUT-OF-SCOPE###'" in guidelines
+    assert text.startswith(guidelines + "\n\n<scenario>\n")
+    assert "<scenario>\nInstructions:\n\tDomain: airline\n\tReason for call:\n\t\tYou want to cancel reservation EHGLP3." in text
+    assert text.endswith(ANSWER_FORMAT.replace("{{", "{").replace("}}", "}"))
+    assert text.index("</scenario>") < text.index('{"utterance"')

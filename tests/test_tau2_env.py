@@ -1,5 +1,5 @@
 """tau2 retail episodes: the rules of `Tau2Env` and the oracle / broken-variant bar on all
-74 train tasks. The database tools are covered by tests/test_tau2_tools.py."""
+74 train tasks and all 40 test tasks. The database tools are covered by tests/test_tau2_tools.py."""
 
 import collections
 
@@ -16,6 +16,7 @@ from jaxagent.envs.tau2.db import db_hash
 from jaxagent.envs.tau2.domains.retail.db import load_db, load_policy
 from jaxagent.envs.tau2.env import EpisodeLimits, Tau2Env, scripted_customers
 from jaxagent.envs.tau2.domains.retail.tools import TOOL_NAMES, tool_schemas
+from jaxagent.envs.tau2.tasks import load_task_set
 from jaxagent.text.toolcalls import ToolCall
 
 from tests.tau2_helpers import INITIAL_HASH, RFC_0, TASKS, call, episode, reply_text, run, spy_env
@@ -189,5 +190,30 @@ def test_oracle_scores_one_and_every_broken_variant_zero_on_all_74_tasks():
     assert set(counts) == set(BROKEN_VARIANTS) and all(counts[k] >= 60 for k in BROKEN_VARIANTS), counts
     leaked = [(kind, r["task_id"]) for kind, r in broken if r["score"]["components"]["DB"] != 0.0]
     assert leaked == [] and all(r["score"]["reward"] == 0.0 for _, r in broken)
+    labels = {m["reaction"] for r in oracle + [r for _, r in broken] for m in r["messages"] if m["role"] == "user"}
+    assert labels <= set(DEFAULT_POLARITY), labels - set(DEFAULT_POLARITY)
+
+
+def test_oracle_scores_one_and_every_broken_variant_zero_on_all_40_test_tasks():
+    tasks = load_task_set(split="test")
+
+    async def main():
+        oracle, broken = [], []
+        for tid, task in tasks.items():
+            oracle.append(await play(Tau2Env(tasks, customer=scripted_customers()), OracleAgent(), tid))
+            for kind, turns in broken_plans(task).items():
+                broken.append((kind, await play(Tau2Env(tasks, customer=scripted_customers()), ScriptedAgent(turns), tid)))
+        return oracle, broken
+
+    oracle, broken = run(main())
+    assert [r["task_id"] for r in oracle] == list(tasks) and len(oracle) == 40
+    bad = [(r["task_id"], r["termination"], r["score"]["components"], r["score"]["reward"]) for r in oracle
+           if r["termination"] != "user_stop" or r["score"]["components"]["DB"] != 1.0 or r["score"]["reward"] != 1.0]
+    assert bad == []
+    counts = collections.Counter(kind for kind, _ in broken)
+    assert counts == {"wrong_argument": 36, "missing_write": 36, "extra_write": 40}
+    leaked = [(kind, r["task_id"]) for kind, r in broken
+              if r["score"]["components"]["DB"] != 0.0 or r["score"]["reward"] != 0.0]
+    assert leaked == []
     labels = {m["reaction"] for r in oracle + [r for _, r in broken] for m in r["messages"] if m["role"] == "user"}
     assert labels <= set(DEFAULT_POLARITY), labels - set(DEFAULT_POLARITY)

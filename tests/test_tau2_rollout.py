@@ -109,6 +109,8 @@ def test_summarize_hand_computed():
     assert s["db"] == 0.5 and s["communicate"] == 0.5
     assert s["terminations"] == {"user_stop": 3, "max_steps": 1}
     assert s["success_by_task"] == {"a": 0.5, "b": 0.0}
+    assert (s["pass_hat_1"], s["pass_hat_2"], s["pass_hat_k"]) == (0.25, 0.0, 0.0)  # a: 1 of 2, b: 0 of 2
+    assert s["components"] == {"DB": 0.5, "COMMUNICATE": 0.5}
     assert "not tau2" in s["scoring_note"]
     with pytest.raises(ValueError, match="reports: empty"):
         summarize([], scoring_mode="offline", k=1)
@@ -135,10 +137,26 @@ def test_launch_eval_prints_a_summary_not_a_line_per_task(tmp_path, capsys):
     printed = json.loads(out)
     assert "success_by_task" not in printed and printed["tasks"] == 8 and printed["pass_hat_k"] == 1.0
     assert printed["files"]["tasks.jsonl"] == str(tmp_path / "brief" / "tasks.jsonl")
-    assert len(out.splitlines()) < 40                          # no line per task
+    # no line per task: no task id is a key anywhere in what is printed, no list is as long as the tasks
+    def keys_and_lists(x):
+        if isinstance(x, dict):
+            yield from ((k, None) for k in x)
+            for v in x.values():
+                yield from keys_and_lists(v)
+        elif isinstance(x, list):
+            yield None, len(x)
+            for v in x:
+                yield from keys_and_lists(v)
+
+    found = list(keys_and_lists(printed))
+    ids = {"0", "1", "2", "3", "4", "6", "7", "8"}
+    assert not ids & {k for k, _ in found} and all(n < 8 for _, n in found if n is not None)
+    assert len(out.splitlines()) < 70  # the figures (avg@k, pass^1..k, components, scoring basis) and the files
     lines = err.strip().splitlines()[-5:]
-    assert lines[0].startswith("tau2 retail eval (agent=oracle, customer=scripted): 8 tasks x k=2 = 16 episodes")
-    assert "pass^2 1.000" in lines[2] and "DB 1.000" in lines[2] and "COMMUNICATE 1.000" in lines[2]
+    assert lines[0].startswith("tau2 retail/train agent=oracle: 8 tasks x k=2 | avg@2 1.000 success 1.000 pass^2 1.000 "
+                               "| DB 1.000 COMMUNICATE 1.000 ACTION 1.000 | offline DB x COMMUNICATE")
+    assert lines[1].startswith("  customer scripted, 16 episodes; scoring offline: reward = DB x COMMUNICATE")
+    assert lines[2] == "  pass^1 1.000  pass^2 1.000  pass@2 1.000"
     assert lines[3] == "  terminations: user_stop 16" and str(tmp_path / "brief") in lines[4]
     assert not any('"0":' in line or "task_id" in line for line in err.splitlines())
     # the rows stay in the files
@@ -292,14 +310,16 @@ def test_launch_eval_with_a_local_checkpoint(tmp_path):
     run = tmp_path / "local"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["env"] == "tau2_retail" and summary["eval_tasks"] == 2 and summary["success_before"] == 0.0
+    assert summary["eval_k"] == 4  # eval.k null: tau2's default k
     rows = [json.loads(line) for line in (run / "episodes_before_0.jsonl").read_text().splitlines()]
-    assert sorted(r["task_id"] for r in rows) == ["0", "1"]
+    assert sorted(r["task_id"] for r in rows) == ["0"] * 4 + ["1"] * 4
     assert all(r["rollout_termination"] in ("done", "max_turns", "max_tokens") for r in rows)
     per = [json.loads(line) for line in (run / "tasks_before_0.jsonl").read_text().splitlines()]
-    assert [t["task_id"] for t in per] == ["0", "1"] and all(t["runs"] == 1 for t in per)
+    assert [t["task_id"] for t in per] == ["0", "1"] and all(t["runs"] == 4 for t in per)
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # both tasks need a write (an exchange) that a random 8-token policy does not make
     assert evals[0]["tau2/scoring_mode"] == "offline" and evals[0]["tau2/db"] == 0.0
+    assert [evals[0][f"tau2/pass_hat_{j}"] for j in (1, 2, 3, 4)] == [0.0] * 4
 
 
 def test_oracle_demos_render_with_the_loss_on_the_agent_turns_only():

@@ -84,8 +84,11 @@ def test_load_task_set_file_errors(tmp_path):
         load_task_set(dup)
     with pytest.raises(FileNotFoundError, match=r"env\.tau2\.data_dir"):
         load_task_set(tmp_path / "nowhere")
-    with pytest.raises(TaskError, match="split='test'"):
-        load_task_set(None, "test")
+    with pytest.raises(FileNotFoundError, match=r"split='test': .*tasks_test\.json does not exist.*env\.tau2\.data_dir"):
+        load_task_set(dup, "test")  # a data directory without the test split
+    with pytest.raises(TaskError, match="split='validation': expected one of 'train', 'test'"):
+        load_task_set(None, "validation")
+    assert len(load_task_set(None, "test")) == 40  # retail ships tau2's test split
     ok = tmp_path / "ok"
     ok.mkdir()
     (ok / "tasks_train.json").write_text(json.dumps(load_tasks()[:2]))

@@ -156,6 +156,8 @@ class EnvSpec:
       environment call may use, in order (the rollout timeout must cover their worst case).
     - ``check(settings)``: cross-field checks, raising ValueError naming the key.
     - ``label(settings)``: the name in default run names (``<job>-<label>``).
+    - ``eval_k``: runs per task of its evaluations when ``eval.k`` is null (tau2: 4, the papers'
+      avg@4 / pass^4; the others: 1).
     """
 
     name: str
@@ -174,6 +176,7 @@ class EnvSpec:
     simulator_clients: Callable[[Any], Sequence[tuple[str, Any]]] = _no_clients
     check: Callable[[Any], None] | None = None
     label: Callable[[Any], str] | None = None
+    eval_k: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.name):
@@ -181,6 +184,9 @@ class EnvSpec:
                              "directory name part)")
         if not callable(self.build):
             raise ValueError(f"EnvSpec.build={self.build!r}: expected a function of an EnvContext")
+        if isinstance(self.eval_k, bool) or not isinstance(self.eval_k, int) or self.eval_k < 1:
+            raise ValueError(f"EnvSpec {self.name!r}: eval_k={self.eval_k!r}; expected an integer >= 1 (runs per task "
+                             "when eval.k is null)")
         if self.host_agents and self.host_eval is None:
             raise ValueError(f"EnvSpec {self.name!r}: host_agents={self.host_agents} without host_eval")
 

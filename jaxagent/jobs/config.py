@@ -88,7 +88,7 @@ QUESTIONERS = ("scripted", "never_ask", "policy", "endpoint")
 
 @dataclasses.dataclass(frozen=True)
 class QDTau2Section:
-    """``qd.tau2``: ``job=qd_tau2``, the Q&D loop inside a tau2 retail agent (docs/QD.md, "tau2 transfer")."""
+    """``qd.tau2``: ``job=qd_tau2``, the Q&D loop in a tau2 agent (docs/QD.md, "tau2 transfer")."""
 
     selector: Literal["rules", "endpoint"] = helped(
         "rules", "maps a question to one read-only tool call: rules (offline stand-in: the identifier the question "
@@ -281,9 +281,15 @@ class RunConfig:
         if self.serve.adapter is not None and (self.job != "serve" or self.model.path is None):
             raise ValueError(f"serve.adapter={self.serve.adapter!r}: an adapter is applied to model.path in job=serve; "
                              "expected job=serve and model.path set (the adapter's base)")
-        if self.job == "qd_tau2" and tau2_domain(self.env) != "retail":
-            raise ValueError(f"job='qd_tau2': the Q&D loop inside a tau2 retail agent; expected env.kind='tau2_retail' "
-                             f"(got {self.env.kind!r}, env.tau2.domain={self.env.tau2.domain!r})")
+        if self.job == "qd_tau2" and tau2_domain(self.env) is None:
+            raise ValueError(f"job='qd_tau2': the Q&D loop inside a tau2 agent; expected env.kind='tau2' (with "
+                             f"env.tau2.domain) or 'tau2_retail' (got env.kind={self.env.kind!r})")
+        if self.job == "qd_tau2":
+            from jaxagent.qd.tau2 import QD_DOMAINS
+            if self.env.tau2.domain not in QD_DOMAINS:
+                raise ValueError(f"env.tau2.domain={self.env.tau2.domain!r}: job=qd_tau2 has Q&D plug-ins for tau2 "
+                                 f"domains {', '.join(map(repr, QD_DOMAINS))} (jaxagent.qd.tau2.QD_DOMAINS); "
+                                 "expected one of them")
         if self.job == "qd_tau2" and self.qd.baseline not in ("none",):
             raise ValueError(f"qd.baseline={self.qd.baseline!r}: job=qd_tau2's second arm is qd.tau2.baseline; "
                              "expected qd.baseline=none")
@@ -370,7 +376,7 @@ def default_name(cfg: RunConfig) -> str:
     if cfg.job in ("qd_eval", "qd_label"):
         return f"{cfg.job}-{cfg.qd.benchmark}"
     if cfg.job == "qd_tau2":
-        return "qd_tau2-retail"
+        return f"qd_tau2-{cfg.env.tau2.domain}"
     if cfg.job == "serve":
         return "serve"
     if (cfg.job, cfg.env.kind, cfg.env.gym) == ("sft+rl", "gym", "intention"):

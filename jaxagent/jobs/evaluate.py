@@ -25,11 +25,12 @@ def run_eval(run: Run, params, label: str, step: int, *, sampled: bool = True) -
 
     cfg = run.cfg
     tasks = run.test_tasks[: cfg.eval.tasks]
+    k = cfg.eval.runs_per_task(cfg.env.spec)  # eval.k, or the environment's default (tau2: 4)
     t0 = time.perf_counter()
     envs = run.make_env
     envs.record(True)  # families with per-episode reports (tau2 retail) keep this evaluation's
     try:
-        m, trajs = evaluate(params, run.engine, envs, run.tok, tasks, k=cfg.eval.k,
+        m, trajs = evaluate(params, run.engine, envs, run.tok, tasks, k=k,
                             sampling=sampling_params(cfg, run.tok, temperature=cfg.eval.temperature),
                             key=step_key(cfg.seed, "eval", step), episode=episode_config(cfg),
                             success_threshold=cfg.rl.success_threshold, processes=run.processes)
@@ -44,15 +45,15 @@ def run_eval(run: Run, params, label: str, step: int, *, sampled: bool = True) -
         if run.processes.is_main:
             write_jsonl(run.run_dir / f"episodes_{label}_{step}.jsonl", reports)
             write_jsonl(run.run_dir / f"tasks_{label}_{step}.jsonl", envs.per_task(reports))
-        m.update(envs.summarize(reports, k=cfg.eval.k))
+        m.update(envs.summarize(reports, k=k))
     if sampled and cfg.eval.sampled_k and cfg.eval.agent == "policy" and cfg.env.spec.sampled_eval:
         # the distribution RL trains (rollout.temperature), beside the greedy figure: what RL fixes first
         ms, strajs = evaluate(params, run.engine, run.make_env, run.tok, tasks, k=cfg.eval.sampled_k,
                               sampling=sampling_params(cfg, run.tok),
                               key=jax.random.fold_in(step_key(cfg.seed, "eval", step), 1), episode=episode_config(cfg),
                               success_threshold=cfg.rl.success_threshold, processes=run.processes)
-        m.update({f"sampled/{k}": ms[k] for k in ("success", "reward", "turns", "success_at_k_any", "k",
-                                                   "success_by_task", "reward_by_task", "simulator_failures")})
+        m.update({f"sampled/{key}": ms[key] for key in ("success", "reward", "turns", "success_at_k_any", "k",
+                                                         "success_by_task", "reward_by_task", "simulator_failures")})
         m["sampled/temperature"] = cfg.rollout.temperature
         trajs = trajs + strajs
     m["wall_s"] = time.perf_counter() - t0
@@ -81,7 +82,8 @@ def _check_eval_failures(trajs, label: str, step: int) -> None:
 
 def run_host_eval(cfg) -> dict[str, Any]:
     """``job=eval`` with a host agent ``eval.agent`` that ``env.kind`` offers (`EnvSpec.host_eval`: on
-    tau2 the oracle or an endpoint): writes ``runs/<name>/{config.yaml, episodes.jsonl, tasks.jsonl,
+    tau2 the oracle or an endpoint), each task played ``eval.k`` times (null: the environment's
+    default, `EnvSpec.eval_k`): writes ``runs/<name>/{config.yaml, episodes.jsonl, tasks.jsonl,
     summary.json}``, prints a few lines (the spec's text, with ``progress``) and returns the summary
     without its per-task figures (``success_by_task``, in summary.json) and with the files' paths
     (``files``)."""
@@ -95,14 +97,15 @@ def run_host_eval(cfg) -> dict[str, Any]:
     run_dir = checked_run_dir(cfg)  # never into another job's run directory (the key name)
     record_config(cfg, run_dir)
     e = cfg.eval
+    k = e.runs_per_task(cfg.env.spec)
     ctx = env_context(cfg)
     setup = EnvSetup(*build_env(cfg))
-    host = cfg.env.spec.host_eval(ctx, HostEvalRequest(agent=e.agent, k=e.k, concurrency=e.concurrency,
+    host = cfg.env.spec.host_eval(ctx, HostEvalRequest(agent=e.agent, k=k, concurrency=e.concurrency,
                                                        temperature=e.temperature, endpoint=e.endpoint), setup)
 
     async def main():
         try:
-            return await play_tasks(setup.factory, host.agent, host.task_ids, k=e.k, concurrency=e.concurrency,
+            return await play_tasks(setup.factory, host.agent, host.task_ids, k=k, concurrency=e.concurrency,
                                     max_turns=host.max_turns)
         finally:
             if host.aclose is not None:

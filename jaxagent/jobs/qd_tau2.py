@@ -1,7 +1,9 @@
-"""``job=qd_tau2``: the Q&D loop inside a tau2 retail agent against the same roles without the
-questioner (the Q&D spec's §5.4; docs/QD.md, "tau2 transfer").
+"""``job=qd_tau2``: the Q&D loop inside a tau2 agent against the same roles without the
+questioner (the Q&D spec's §5.4; docs/QD.md, "tau2 transfer"), on the domain ``env.tau2.domain``
+(one with a Q&D plug-in: `jaxagent.qd.tau2.QD_DOMAINS`, retail and airline).
 
     python -m jaxagent.launch job=qd_tau2 env=tau2_retail                       # offline stand-ins, CPU
+    python -m jaxagent.launch job=qd_tau2 env=tau2 env.tau2.domain=airline      # the same on airline
     python -m jaxagent.launch --config configs/qd_tau2.yaml qd.questioner=endpoint \\
         qd.questioner_endpoint.base_url=... qd.drafter=endpoint qd.drafter_endpoint.base_url=... \\
         qd.answerer=endpoint qd.answerer_endpoint.base_url=... qd.tau2.selector=endpoint qd.tau2.baseline=endpoint
@@ -90,7 +92,7 @@ def _agents(cfg: RunConfig, kind: str, clients: list, model):
     from jaxagent.envs.llm_user import LLMUserClient
     from jaxagent.envs.tau2.agents import EndpointAgent, EndpointConfig
 
-    q = cfg.qd
+    q, domain = cfg.qd, cfg.env.tau2.domain
     if kind == "endpoint":  # the drafter's model as a plain tool-calling agent
         e = q.drafter_endpoint
         ep = EndpointConfig(base_url=e.base_url, model=e.model, api_key_env=e.api_key_env, max_tokens=e.max_tokens)
@@ -103,20 +105,21 @@ def _agents(cfg: RunConfig, kind: str, clients: list, model):
         return clients[-1]
 
     questioner = NeverAsk() if kind == "never_ask" else (
-        tau2.ScriptedTau2Questioner() if q.questioner == "scripted"
+        tau2.ScriptedTau2Questioner(domain) if q.questioner == "scripted"
         else make_questioner(cfg, q.questioner, q.questioner_endpoint, model, clients))
-    drafter = tau2.LookupDrafter() if q.drafter == "extractive" else tau2.EndpointDrafter(client(q.drafter_endpoint))
-    answerer = (tau2.LookupAnswerer() if q.answerer == "extractive"
-                else tau2.EndpointAnswerer(client(q.answerer_endpoint)))
-    selector = (tau2.RuleSelector() if q.tau2.selector == "rules"
-                else tau2.EndpointSelector(client(q.tau2.selector_endpoint or q.drafter_endpoint)))
+    drafter = (tau2.LookupDrafter() if q.drafter == "extractive"
+               else tau2.EndpointDrafter(client(q.drafter_endpoint), domain))
+    answerer = (tau2.LookupAnswerer(domain) if q.answerer == "extractive"
+                else tau2.EndpointAnswerer(client(q.answerer_endpoint), domain))
+    selector = (tau2.RuleSelector(domain) if q.tau2.selector == "rules"
+                else tau2.EndpointSelector(client(q.tau2.selector_endpoint or q.drafter_endpoint), domain))
     settings = tau2.Tau2QDConfig(questions=q.tau2.questions, tool_calls=q.tau2.tool_calls,
                                  max_decisions=q.tau2.max_decisions, prompt=q.tau2.prompt, retries=q.retries)
     key = jax.random.key(cfg.seed)
 
     def make(env, seed):
         return tau2.Tau2QDAgent(questioner, selector, drafter, answerer, reader=env.read, key=key, seed=seed,
-                                config=settings)
+                                config=settings, domain=domain)
 
     return make, (f"qd: questioner {describe(questioner)}, selector {describe(selector)}, drafter "
                   f"{describe(drafter)}, answerer {describe(answerer)}")
@@ -159,7 +162,7 @@ def run_qd_tau2(cfg: RunConfig) -> dict[str, Any]:
 
     factory = asyncio.run(main())
     summary: dict[str, Any] = {
-        "name": cfg.name, "job": "qd_tau2", "customer": cfg.env.tau2.customer,
+        "name": cfg.name, "job": "qd_tau2", "domain": cfg.env.tau2.domain, "customer": cfg.env.tau2.customer,
         "scoring_mode": cfg.env.tau2.scoring, "scoring_note": SCORING_NOTE[cfg.env.tau2.scoring],
         "tasks": len(factory.task_ids), "seeds": q.seeds, "prompt": q.tau2.prompt,
         "budgets": {"questions": q.tau2.questions, "tool_calls": q.tau2.tool_calls},
@@ -199,8 +202,9 @@ def _finite(x):
 
 
 def summary_table(summary: Mapping[str, Any]) -> str:
-    lines = [f"qd_tau2 ({summary['customer']} customer, scoring {summary['scoring_mode']}): {summary['tasks']} tasks x "
-             f"{summary['seeds']} seeds, prompt {summary['prompt']}"]
+    head = (f"qd_tau2 on tau2 {summary['domain']} ({summary['customer']} customer, scoring {summary['scoring_mode']}): "
+            f"{summary['tasks']} tasks x {summary['seeds']} seeds, prompt {summary['prompt']}")
+    lines = [head]
     for arm, r in summary["arms"].items():
         lines.append(f"  {arm}: {r['agent']}")
         lines.append("    " + "  ".join(f"{k} {r[k]:.3f}" if isinstance(r[k], float) else f"{k} {r[k]}"

@@ -261,7 +261,9 @@ class DPOSection:
 
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
-    k: int = helped(1, "runs per task (avg@k)")
+    k: int | None = helped(
+        None, "runs per task (avg@k, pass^k); null: the environment's default (EnvSpec.eval_k: tau2 4, as the "
+              "papers report avg@4 and pass^4; the others 1)")
     tasks: int = helped(32, "held-out (test split) tasks")
     temperature: float = helped(0.0, "0: greedy")
     sampled_k: int = helped(
@@ -269,8 +271,8 @@ class EvalSection:
            "trains), logged as sampled/*; not the first evaluation of a random initialisation; 0: off")
     every: int = helped(4, "RL iterations between evaluations (0: only before and after)")
     agent: Literal["policy", "oracle", "endpoint"] = helped(
-        "policy", "job=eval: the model (policy), the gold-action oracle (tau2_retail), or an OpenAI-compatible "
-                  "endpoint (eval.endpoint; tau2_retail)")
+        "policy", "job=eval: the model (policy), the gold-action oracle (tau2), or an OpenAI-compatible "
+                  "endpoint (eval.endpoint; tau2)")
     endpoint: EndpointConfig | None = helped(
         None, "agent=endpoint: the agent's OpenAI-compatible server (its system prompt is the environment's, "
               "its temperature eval.temperature)")
@@ -283,8 +285,14 @@ class EvalSection:
         if self.concurrency < 1:
             raise ValueError(f"concurrency={self.concurrency}: expected an integer >= 1")
         at_least("sampled_k", self.sampled_k, 0, what="an integer >= 0 (0: no sampled evaluation)")
-        if self.k < 1 or self.tasks < 1 or self.every < 0:
-            raise ValueError(f"k={self.k}, tasks={self.tasks}, every={self.every}: expected k, tasks >= 1, every >= 0")
+        if self.k is not None:
+            at_least("k", self.k, 1, what="an integer >= 1, or null (the environment's default: EnvSpec.eval_k)")
+        if self.tasks < 1 or self.every < 0:
+            raise ValueError(f"tasks={self.tasks}, every={self.every}: expected tasks >= 1, every >= 0")
+
+    def runs_per_task(self, spec: EnvSpec) -> int:
+        """``k``, or when null the environment's default (``spec.eval_k``)."""
+        return self.k if self.k is not None else spec.eval_k
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""tau2-bench, native in jaxagent, for many domains (docs/TAU2_RETAIL.md).
+"""tau2-bench, native in jaxagent, for many domains: retail and airline (docs/TAU2.md).
 
 The shared core: `tasks` (tau2's task format, splits, selection), `db` (the hash, data files),
 `tools` (the tool-call machinery, ``calculate``), `scoring` (DB, COMMUNICATE, ACTION, NL_ASSERTION),
@@ -17,7 +17,8 @@ import importlib
 from jaxagent.envs.tau2.domain import Domain
 
 #: Domains by name -> "module:attribute" of their `Domain` (imported on first use).
-DOMAINS: dict[str, str] = {"retail": "jaxagent.envs.tau2.domains.retail:RETAIL"}
+DOMAINS: dict[str, str] = {"retail": "jaxagent.envs.tau2.domains.retail:RETAIL",
+                           "airline": "jaxagent.envs.tau2.domains.airline:AIRLINE"}
 
 #: The domain of ``env.tau2.domain``'s default and of the functions that take one by name.
 DEFAULT_DOMAIN = "retail"

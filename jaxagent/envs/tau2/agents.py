@@ -16,8 +16,9 @@ token-in/token-out (`jaxagent.rollout.loop.PolicyAgent`).
   without asking the customer (who would refuse them, or stop first when the goal was met). Each
   is checked by replay on a fresh database; a variant that cannot be built for a task (no write to
   change or leave out) is absent from the result. The candidates are the domain's
-  (`Domain.broken_plans`; retail's in `jaxagent.envs.tau2.domains.retail.broken`).
-- `oracle_plan`: the oracle's episodes as SFT demonstrations (``job=sft env=tau2_retail``), played
+  (`Domain.broken_plans`: retail's and airline's in `jaxagent.envs.tau2.domains.*.broken`, each
+  its own candidates for the shared search `derive_broken_plans`).
+- `oracle_plan`: the oracle's episodes as SFT demonstrations (``job=sft env=tau2``, any domain), played
   through the runner (`jaxagent.rollout.demos.play_demos`).
 - `EndpointAgent` asks an OpenAI-compatible chat-completions server (OpenAI, vLLM, SGLang...) with
   the tools in the request, so an API model or a served checkpoint is scored by the same harness.
@@ -31,11 +32,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxagent.envs.base import Agent, AgentMessage, EnvMessage, Environment, Reset
+from jaxagent.envs.base import Agent, AgentMessage, Environment, EnvMessage, Reset
 from jaxagent.envs.llm_user import LLMUserConfig
 from jaxagent.envs.registry import DemoPlan
 from jaxagent.envs.tau2 import get_domain
@@ -57,7 +58,9 @@ def proposal(name: str, args: Mapping[str, Any]) -> AgentMessage:
 def plan_for(task: Task, actions: Sequence[Action], unconfirmed: Sequence[Action] = ()) -> list[AgentMessage]:
     """The oracle's turns for ``actions``, ending with the communicate message. Writes are proposed
     to the customer first, except those in ``unconfirmed`` (by identity), which a broken agent
-    performs without asking."""
+    performs without asking. On a task whose gold actions change nothing, transfer no one and
+    communicate nothing (a request the policy refuses: 16 of airline's 30 train tasks), the closing
+    message declines, so that the demonstration reads as the refusal it is."""
     turns: list[AgentMessage] = []
     silent = list(map(id, unconfirmed))
     writes = get_domain(task.domain).write_tools
@@ -68,8 +71,10 @@ def plan_for(task: Task, actions: Sequence[Action], unconfirmed: Sequence[Action
         if a.name == "transfer_to_human_agents":
             turns.append(AgentMessage("I have transferred you to a human agent; they will take it from here."))
     said = ", ".join(task.communicate_info)
+    refusal = not said and not any(a.name in writes or a.name == "transfer_to_human_agents" for a in task.actions)
+    closing = ("I am sorry, but I cannot do that under our policy." if refusal else "Your request is handled.")
     turns.append(AgentMessage((f"Here is what you asked about: {said}. " if said else "")
-                              + "Your request is handled. Is there anything else I can help with?"))
+                              + closing + " Is there anything else I can help with?"))
     return turns
 
 
@@ -111,6 +116,68 @@ def broken_plans(task: Task, data_dir: str | Path | None = None) -> dict[str, li
     if domain.broken_plans is None:
         raise ValueError(f"domain {domain.name!r}: defines no broken plans")
     return domain.broken_plans(task, data_dir)
+
+
+def _replay_hash(task: Task, actions: Sequence[Action], data_dir: str | Path | None) -> tuple[str, list[bool]]:
+    """The database hash after ``actions`` on the task's initial state, and which of them succeeded."""
+    from jaxagent.envs.tau2.db import db_hash
+    from jaxagent.envs.tau2.scoring import initial_db
+
+    execute = get_domain(task.domain).execute
+    db = initial_db(task, data_dir)
+    ok = [not execute(db, a.name, dict(a.arguments)).error for a in actions]
+    return db_hash(db), ok
+
+
+def derive_broken_plans(task: Task, data_dir: str | Path | None, *,
+                        candidates: Callable[[Action, Mapping[str, Any]], Iterable[Mapping[str, Any]]],
+                        extras: Callable[[Mapping[str, Any]], Iterable[Action]]) -> dict[str, list[AgentMessage]]:
+    """The search every domain's ``broken_plans`` shares, over the domain's own proposals:
+
+    - ``wrong_argument``: the first gold write (in order) with the first of ``candidates(action,
+      initial db)`` (full argument dicts, most natural first) under which that call still succeeds and
+      the end state differs from the target; made without asking the customer;
+    - ``missing_write``: the first successful gold write whose omission changes the end state;
+    - ``extra_write``: the first of ``extras(initial db)`` that succeeds and changes the end state,
+      made without asking right after the last gold write (the customer is not consulted between a
+      tool call and the next message), or first when the gold writes change nothing (the customer's
+      goal would hold from the start).
+
+    Each is checked by replay; a variant with no such proposal is absent from the result."""
+    from jaxagent.envs.tau2.db import db_hash
+    from jaxagent.envs.tau2.scoring import initial_db, target_hash
+
+    target = target_hash(task, data_dir)
+    acts = list(task.actions)
+    writes = [i for i, a in enumerate(acts) if a.name in get_domain(task.domain).write_tools]
+    _, gold_ok = _replay_hash(task, acts, data_dir)
+    db0 = initial_db(task, data_dir)
+    out: dict[str, list[AgentMessage]] = {}
+
+    def first_breaking(i: int, proposals: Iterable[Action], changed_at) -> list[AgentMessage] | None:
+        for a in proposals:
+            changed = changed_at(a)
+            h, ok = _replay_hash(task, changed, data_dir)
+            if ok[i] and h != target:
+                return plan_for(task, changed, unconfirmed=[a])
+        return None
+
+    for i in writes:
+        wrong = (dataclasses.replace(acts[i], arguments=dict(args)) for args in candidates(acts[i], db0))
+        plan = first_breaking(i, wrong, lambda a, i=i: acts[:i] + [a] + acts[i + 1:])
+        if plan is not None:
+            out["wrong_argument"] = plan
+            break
+    for i in writes:
+        kept = acts[:i] + acts[i + 1:]
+        if gold_ok[i] and _replay_hash(task, kept, data_dir)[0] != target:
+            out["missing_write"] = plan_for(task, kept)
+            break
+    at = 0 if target == db_hash(db0) else max(writes, default=-1) + 1
+    plan = first_breaking(at, extras(db0), lambda a: acts[:at] + [a] + acts[at:])
+    if plan is not None:
+        out["extra_write"] = plan
+    return out
 
 
 # ----------------------------------------------------------------------------- an HTTP agent
@@ -238,6 +305,7 @@ __all__ = [
     "OracleAgent",
     "ScriptedAgent",
     "broken_plans",
+    "derive_broken_plans",
     "oracle_plan",
     "plan_for",
     "proposal",

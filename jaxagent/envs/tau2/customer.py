@@ -6,46 +6,51 @@ private reaction label (a Faca strategy label, `jaxagent.credit.reaction.DEFAULT
 when they end the episode, the tau2 stop token they used: ``###STOP###`` (goal reached, or given
 up), ``###TRANSFER###`` (handed to a human) or ``###OUT-OF-SCOPE###``.
 
-**LLMCustomer** sends tau2's kind of prompt (role-play guidelines, then the task's ``<scenario>``
-block, `tasks.render_scenario`) to an OpenAI-compatible server through `LLMUserClient`, asking for
+**LLMCustomer** sends tau2's prompt (tau2's own user-simulator guidelines, verbatim, for every
+domain's text-only customer, then the task's ``<scenario>`` block, `tasks.render_scenario`) to an
+OpenAI-compatible server through `LLMUserClient`, asking for
 ``{"utterance", "strategy"}`` JSON so each message carries its label.
 
-Each domain has its deterministic stand-in (`Domain.scripted_customer`; retail's is
-`jaxagent.envs.tau2.domains.retail.customer.ScriptedCustomer`), for offline training and tests.
+Each domain has its deterministic stand-in (`Domain.scripted_customer`:
+`jaxagent.envs.tau2.domains.<domain>.customer.ScriptedCustomer`), for offline training and tests.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 from jaxagent.envs.llm_user import LLMUserClient, LLMUserConfig
-from jaxagent.envs.user_prompt import DEFAULT_SYSTEM_PROMPT
 from jaxagent.envs.tau2.tasks import Task, render_scenario
+from jaxagent.envs.user_prompt import DEFAULT_SYSTEM_PROMPT
 
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
 STOP_TOKENS = (STOP, TRANSFER, OUT_OF_SCOPE)
 GREETING = "Hi! How can I help you today?"
 
-CUSTOMER_PROMPT = """\
-You are playing the role of a customer contacting a customer-service agent. Behave like a real
-customer: write one message at a time, in your own words, and keep it short.
+GUIDELINES_FILE: Path = Path(__file__).resolve().parents[2] / "data" / "tau2_retail" / "user_simulator_guidelines.md"
+"""tau2's guidelines for a text-only simulated user, verbatim (MIT, Sierra Research): every domain's
+text-only LLM customer gets them (the file lives in the retail data folder, as tau2 ships it)."""
 
-Rules:
-- Follow the scenario below strictly. Do not invent information the scenario does not give; what
-  it does not state, you do not know.
-- Paraphrase the instructions rather than reciting them; reveal a piece of information only when
-  the agent asks for it or needs it.
-- Keep going until your goal is met. When it is, your message is exactly ###STOP###.
-- If you are transferred to another agent (a human), your message is exactly ###TRANSFER###.
-- If the scenario gives you no basis to continue, your message is exactly ###OUT-OF-SCOPE###.
-
-{scenario}
-
+ANSWER_FORMAT = """\
 Answer with one JSON object and nothing else:
 {{"utterance": "<your message to the agent>", "strategy": "<one label for how you react, one of: \
 provide_info, confirm, approve, accept, be_vague, clarify_request, correct, reject, challenge, complain>"}}"""
+"""What jaxagent adds after tau2's prompt: the reply as JSON, so that each message carries its private
+reaction label (Faca's strategy label)."""
+
+
+def _customer_prompt() -> str:
+    guidelines = GUIDELINES_FILE.read_text(encoding="utf-8").strip().replace("{", "{{").replace("}", "}}")
+    return f"{guidelines}\n\n{{scenario}}\n\n{ANSWER_FORMAT}"
+
+
+CUSTOMER_PROMPT = _customer_prompt()
+"""The LLM customer's system prompt template: tau2's guidelines (`GUIDELINES_FILE`), the task's
+``<scenario>`` block (``{scenario}``: `tasks.render_scenario`), as tau2 lays them out, then
+`ANSWER_FORMAT`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +135,10 @@ class LLMCustomer:
 CustomerFactory = Callable[[Task, EpisodeView], Customer]
 
 __all__ = [
+    "ANSWER_FORMAT",
     "CUSTOMER_PROMPT",
     "GREETING",
+    "GUIDELINES_FILE",
     "OUT_OF_SCOPE",
     "STOP",
     "STOP_TOKENS",

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG_KEY", "data_file", "db_hash", "load_canonical", "read_task_file"]
+__all__ = ["CONFIG_KEY", "check_tables", "data_file", "db_hash", "load_canonical", "read_task_file"]
 
 CONFIG_KEY = "env.tau2.data_dir"
 
@@ -40,6 +40,30 @@ def data_file(data_dir: str | Path | None, default_dir: Path, name: str, *, doma
             f"tau2 {domain} data file not found: {path} (set the config key {CONFIG_KEY} to the folder "
             f"holding {', '.join(holds or (name,))}; the packaged copy is {default_dir})")
     return path
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_tables(raw: Any, tables: tuple[str, ...], source: str) -> None:
+    """Raise ``ValueError`` unless ``raw`` (a parsed ``db.json``) is an object with exactly the keys
+    ``tables``, each an object mapping ids to records; the message names the file, the key and what
+    was expected."""
+    if not isinstance(raw, dict):
+        raise ValueError(  # noqa: TRY004 (a bad file)
+            f"{source}: the database must be a JSON object with keys {list(tables)}, got {type(raw).__name__}")
+    keys = list(raw)
+    if sorted(keys) != sorted(tables):
+        extra = [k for k in keys if k not in tables]
+        missing = [k for k in tables if k not in raw]
+        raise ValueError(f"{source}: top-level keys {keys} (unexpected {extra}, missing {missing}); "
+                         f"expected exactly {list(tables)}")
+    for table in tables:
+        if not isinstance(raw[table], dict):
+            raise ValueError(f"{source}: field {table!r} is a {type(raw[table]).__name__} "  # noqa: TRY004 (a bad file)
+                             f"({_describe(raw[table])}); expected an object mapping ids to records")
 
 
 def load_canonical(path: Path, canonicalize: Callable[[Any, str], dict]) -> dict:

@@ -2,7 +2,7 @@
 every domain (`jaxagent.envs.tau2.domain.Domain`: its database, tools and customer).
 
     env = Tau2Env(tasks, customer=scripted_customers())        # or llm_customers(client)
-    reset = await env.reset("0", seed=0)          # system prompt (policy) + the customer's opening; retail's 16 tools
+    reset = await env.reset("0", seed=0)          # system prompt (policy) + the customer's opening; the tools
     step = await env.step(AgentMessage("", (ToolCall("find_user_id_by_email", {"email": ...}),)))
 
 - **State.** A fresh, isolated database per episode (`scoring.initial_db`: ``db.json`` plus the

@@ -1,7 +1,7 @@
 """The replay tool: our tau2 implementation driven line by line, to compare with tau2-bench's own outputs.
 
-    python -m jaxagent.envs.tau2.replay --domain retail [--tasks FILE] < lines.jsonl > answers.jsonl
-    python -m jaxagent.envs.tau2.replay --domain retail --schemas
+    python -m jaxagent.envs.tau2.replay --domain retail|airline [--tasks FILE] < lines.jsonl > answers.jsonl
+    python -m jaxagent.envs.tau2.replay --domain airline --schemas
 
 It reads JSON lines on stdin and writes exactly one JSON line per input line on stdout (flushed after
 each); anything else goes to stderr. Lines are split on ``\\n`` only and decoded as UTF-8 here, so no
@@ -23,7 +23,7 @@ Commands (one key per line):
   One tool call, executed as `Tau2Env.step` executes it (`Domain.execute` on the live database; no
   domain here has a post-call sync). ``requestor`` defaults to ``"assistant"`` and ``arguments`` must be
   an object, as tau2's ``ToolCall`` requires. A ``"user"`` call on a domain without user tools (every
-  domain here: retail's customer has none) gets what tau2's ``Environment.get_response`` answers:
+  domain here: neither retail's nor airline's customer has any) gets what tau2's ``Environment.get_response`` answers:
   ``use_user_tool`` raises ``ValueError("User tools not available")``, so the content is ``"Error: User
   tools not available"`` with error true and nothing changes (``environment/environment.py``).
 - ``{"env_function": {"env_type", "func_name", "arguments"}}`` -> ``{"result", "raised", "db_hash",
@@ -33,12 +33,15 @@ Commands (one key per line):
   Mirrored here: the toolkit's tools (raw values before rendering: records as JSON objects, strings as
   strings), the non-tool methods of tau2's toolkit class that the domain reproduces
   (`Domain.env_functions`; retail: ``_get_order``, ``_get_user``, ``_get_product``, ``_get_item``,
-  ``_get_variant``, ``_get_payment_method``, ``_is_pending_order``), and the functions of tau2's
+  ``_get_variant``, ``_get_payment_method``, ``_is_pending_order``; airline: ``_get_user``,
+  ``_get_reservation``, ``_get_flight``, ``_get_flight_instance``, ``_get_flights_from_flight_infos``,
+  ``_get_new_reservation_id``, ``_get_new_payment_id``, ``_get_datetime``, ``_search_direct_flight``,
+  ``_payment_for_update``), and the functions of tau2's
   ``ToolKitBase`` that read (`ToolKitBase` here: ``has_tool`` and ``tool_type`` by name, ``use_tool``,
   ``get_statistics``, ``get_db_hash``). ``result`` is the return value as JSON (a bool stays a bool);
   ``raised`` is null, or ``"<exception type>: <message>"`` when the function raised (our tools' refusals
-  are reported as tau2's ``ValueError``, an address that fails validation as pydantic's
-  ``ValidationError``); any other attribute is tau2's ``AttributeError``. ``update_db``, ``get_tools``,
+  are reported as tau2's ``ValueError``, a record that fails validation — retail's address, airline's
+  flights, passengers, payments, reservation, certificate — as pydantic's ``ValidationError``); any other attribute is tau2's ``AttributeError``. ``update_db``, ``get_tools``,
   ``tools``, ``db`` and dunder names exist on tau2's class but are not reproduced (tau2 revalidates
   the whole database through its pydantic models, or returns Python objects): those get an error line.
 - ``{"score": {"task_id": ID, "messages": [{"role", "content"}, ...]}}`` -> ``{"reward", "components"}``.
@@ -59,7 +62,7 @@ Commands (one key per line):
   ``NL_ASSERTION`` when the basis holds it: 1.0 when the task has no assertions (tau2 makes no model
   call then), else null, since this tool has no judge. **Reward without a judge (our choice):** an
   NL_ASSERTION that cannot be computed is left out of the product, so ``reward`` is the product of the
-  other basis components (DB for retail). That equals tau2's reward wherever tau2 needs no LLM (tasks
+  other basis components (DB for retail; airline's basis, DB x COMMUNICATE, needs no judge). That equals tau2's reward wherever tau2 needs no LLM (tasks
   whose assertions are empty; tau2's ``env`` evaluation type otherwise), and is an upper bound of its
   judged reward. It is NOT the offline scoring mode's DB x COMMUNICATE (`scoring.OFFLINE_BASIS`), which
   is the classic tau-bench stand-in the episodes use.
@@ -67,7 +70,7 @@ Commands (one key per line):
   exactly as served to the agent (tau2's order and bytes), and ``[]`` of user tools (none here).
 
 Hashes are tau2's (`jaxagent.envs.tau2.db.db_hash`); ``user_db_hash`` is null for every domain here (no
-user database: retail's customer has none). A bad line (not JSON, not UTF-8, NaN or Infinity, an
+user database: neither retail's nor airline's customer has one). A bad line (not JSON, not UTF-8, NaN or Infinity, an
 unknown command or field, a missing or mistyped field, an unknown task id, a call before any episode,
 ...) gets ``{"error": "..."}`` naming the field, the value and what was expected, and the tool goes on.
 """
@@ -209,7 +212,7 @@ def run_env_function(domain: Domain, db: dict, env_type: str, func_name: str, ar
 
 def _raised(exc: BaseException) -> str:
     """``"<type>: <message>"`` as tau2 would raise it (our `ToolError` is tau2's ValueError, or pydantic's
-    ValidationError for an address that fails validation)."""
+    ValidationError for a record that fails validation)."""
     name = type(exc).__name__
     if isinstance(exc, ToolError):
         name = "ValidationError" if _PYDANTIC_ERROR.match(str(exc)) else "ValueError"
@@ -312,7 +315,8 @@ def _no_episode(state: ReplayState, cmd: str) -> None:
 
 
 def _hashes(state: ReplayState) -> dict[str, str | None]:
-    # No domain here has a user database (retail's customer has none): tau2's get_user_db_hash is None.
+    # No domain here has a user database (retail's and airline's customers have none): tau2's
+    # get_user_db_hash is None.
     return {"db_hash": db_hash(state.db), "user_db_hash": None}
 
 

@@ -1,4 +1,5 @@
-"""tau2-bench scoring (behaviour of tau2-bench at commit a2c0247; the retail spec's §4).
+"""tau2-bench scoring, every domain (behaviour of tau2-bench at commit a2c0247; the retail spec's §4,
+the airline spec's §5).
 
 Components, each 0 or 1:
 
@@ -12,8 +13,9 @@ Components, each 0 or 1:
 
 Scoring modes (every report carries its mode):
 
-- ``"tau2"``: the task's ``reward_basis`` (DB x NL_ASSERTION for most retail tasks), the NL
-  component from an OpenAI-compatible judge. Comparable with tau2 runs of the same task set.
+- ``"tau2"``: the task's ``reward_basis`` (DB x NL_ASSERTION for most retail tasks; DB x COMMUNICATE
+  for every airline task, which needs no judge), the NL component from an OpenAI-compatible
+  judge. Comparable with tau2 runs of the same task set.
 - ``"offline"``: DB x COMMUNICATE, the classic tau-bench scoring, with no model call. A project
   choice (spec §4.6), NOT tau2's scoring: never compare it with tau2 leaderboard numbers.
 
@@ -256,7 +258,8 @@ def score(task: Task, *, final_db: Mapping[str, Any], messages: Sequence[Mapping
         comps["NL_ASSERTION"] = float(nl)
     missing = [b for b in basis if b not in comps]
     if missing:
-        raise ValueError(f"task {task.id!r}: reward_basis component(s) {missing} cannot be computed for retail")
+        raise ValueError(f"task {task.id!r}: reward_basis component(s) {missing} cannot be computed here (tau2 "
+                         f"{task.domain}); expected components among {sorted(comps)}")
     scored = termination in SCORED_TERMINATIONS
     reward = 1.0
     for b in basis:

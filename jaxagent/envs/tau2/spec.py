@@ -1,10 +1,25 @@
-"""tau2-bench as a registered family: ``env.kind=tau2`` with ``env.tau2.domain`` (``retail``), and
-``env.kind=tau2_retail``, the same family with the domain fixed to retail (today's configs).
+"""tau2-bench as a registered family: ``env.kind=tau2`` with ``env.tau2.domain`` (retail, airline),
+and ``env.kind=tau2_retail``, the same family with the domain fixed to retail (today's configs).
 
 Settings are the run's ``env`` section: ``env.tau2`` (`Tau2Section`: data, split, task selection,
-customer, scoring, judge, limits) and ``train_tasks`` / ``test_tasks`` (the first tasks of the
-selection; there is one split, so train and test share tasks). Demonstrations are the gold-action
-oracle's episodes (one per task); host agents for ``job=eval`` are ``oracle`` and ``endpoint``.
+customer, scoring, judge, limits) and ``train_tasks`` / ``test_tasks``. Demonstrations are the
+gold-action oracle's episodes (one per task); host agents for ``job=eval`` are ``oracle`` and
+``endpoint``. Evaluations default to k = 4 runs per task (``EnvSpec.eval_k``; ``eval.k`` sets
+another), reported as avg@k and tau2's pass^1..pass^k (`jaxagent.envs.tau2.harness`).
+
+**Splits.** ``env.tau2.split`` is the split that is *evaluated* (``train``, the default, or
+``test``, the split the papers report: retail ships it, airline's is withheld and its absence is an
+error at config load); ``env.tau2.tasks`` selects among its tasks. *Training* (RL tasks, SFT
+demonstrations) always draws from the train split, never from the test split: with split=train the
+same selection serves both (``env.train_tasks`` / ``env.test_tasks`` of it: no held-out set, the
+behaviour before there were splits); with split=test the first ``env.train_tasks`` of all train
+tasks train and the first ``env.test_tasks`` of the selected test tasks are the held-out
+evaluation, during training as in ``job=eval``.
+
+**Turn limit.** ``env.tau2.max_steps`` counts tau2's steps (each agent message, customer message
+and batch of tool results is one); 200 is tau2's default (its command line's ``--max-steps``), and
+the papers' limit of 50 is ``env.tau2.max_steps=50``, the same count (a limit of 50 in a tau2 run
+can only be tau2's ``--max-steps 50``). ``env.tau2.max_errors`` (10) is tau2's error budget.
 """
 
 from __future__ import annotations
@@ -15,6 +30,7 @@ from typing import Any, Literal
 
 from jaxagent.envs import tau2
 from jaxagent.envs.llm_user import LLMUserConfig
+from jaxagent.envs.tau2.tasks import SPLITS, check_split
 from jaxagent.envs.registry import (DemoPlan, DemoRequest, EnvContext, EnvSetup, EnvSpec, HostEval, HostEvalRequest,
                                     HostEvalResult, resolve_env)
 
@@ -31,8 +47,11 @@ class Tau2Section:
     """``env.tau2``: which tau2 domain and tasks, the customer, the scoring and the episode limits."""
 
     domain: str = _help(tau2.DEFAULT_DOMAIN, "the tau2 domain (env.kind=tau2): " + ", ".join(DOMAINS))
-    data_dir: str | None = _help(None, "tau2 retail data (db.json, policy.md, tasks_*.json); null: the packaged copy")
-    split: Literal["train"] = "train"
+    data_dir: str | None = _help(None, "the domain's tau2 data (db.json, policy.md, tasks_train.json, tasks_test.json); "
+                                        "null: the packaged copy")
+    split: Literal["train", "test"] = _help(
+        "train", "the evaluated split: train (the shipped tasks) or test (the papers' split; retail ships it, airline's "
+                 "is withheld); training always uses train")
     tasks: str = _help("all", "task selection: all, a slice start:stop of the file order, or ids a,b,c")
     customer: Literal["scripted", "llm"] = _help("scripted", "the deterministic scripted customer, or an LLM one")
     customer_llm: LLMUserConfig | None = _help(None, "customer=llm: the OpenAI-compatible endpoint playing it")
@@ -40,8 +59,9 @@ class Tau2Section:
         "offline", "offline: DB x COMMUNICATE (classic tau-bench, no model call); tau2: each task's reward basis, "
                    "NL assertions by env.tau2.judge")
     judge: LLMUserConfig | None = _help(None, "scoring=tau2: the OpenAI-compatible NL-assertion judge")
-    max_steps: int = _help(200, "steps (agent messages, customer messages, tool-result batches) per episode")
-    max_errors: int = _help(10, "error tool messages that end an episode")
+    max_steps: int = _help(200, "steps (agent messages, customer messages, tool-result batches) per episode: 200 is "
+                                "tau2's default (--max-steps), 50 the papers' limit")
+    max_errors: int = _help(10, "error tool messages that end an episode (tau2's default)")
 
     def __post_init__(self) -> None:
         if self.domain not in DOMAINS:
@@ -53,6 +73,13 @@ class Tau2Section:
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ValueError(f"data_dir={self.data_dir!r}: not a directory; expected one holding db.json, policy.md "
                              "and tasks_train.json (or null for the packaged copy)")
+        if self.split not in SPLITS:
+            raise ValueError(f"split={self.split!r}: expected one of {', '.join(map(repr, SPLITS))}")
+        if self.split != "train":  # train ships for every domain; another split may be withheld
+            try:
+                check_split(self.data_dir, self.split, self.domain)
+            except FileNotFoundError as e:
+                raise ValueError(str(e)) from None
 
 
 def simulator_clients(env: Any) -> list[tuple[str, LLMUserConfig]]:
@@ -64,28 +91,31 @@ def simulator_clients(env: Any) -> list[tuple[str, LLMUserConfig]]:
 
 
 def _build(ctx: EnvContext) -> EnvSetup:
+    """The factory over the evaluated split (and the train split), the train ids from the train split
+    and the test ids from the evaluated one (the module docstring's **Splits**)."""
     from jaxagent.envs.tau2.harness import Tau2EnvFactory
 
     factory = Tau2EnvFactory(ctx.settings.tau2)
     factory.record(False)  # evaluations record their own episodes
-    ids = factory.task_ids
-    return EnvSetup(factory, ids[: ctx.train_tasks], ids[: ctx.test_tasks])
+    return EnvSetup(factory, factory.train_ids[: ctx.train_tasks], factory.task_ids[: ctx.test_tasks])
 
 
 def _demos(ctx: EnvContext, setup: EnvSetup, request: DemoRequest) -> DemoPlan:
-    """The oracle's episode on each of the first ``min(train_tasks, n)`` tasks (it is deterministic)."""
+    """The oracle's episode on each of the first ``min(train_tasks, n)`` train tasks (it is deterministic)."""
     from jaxagent.envs.tau2.agents import oracle_plan
 
     factory = setup.factory
-    return oracle_plan(factory, factory.tasks, factory.task_ids[: min(ctx.train_tasks, request.n)])
+    return oracle_plan(factory, factory.tasks, factory.train_ids[: min(ctx.train_tasks, request.n)])
 
 
 def _host_eval(ctx: EnvContext, request: HostEvalRequest, setup: EnvSetup) -> HostEval:
     """The oracle or an OpenAI-compatible endpoint (at ``request.temperature``, as the local policy
-    samples at eval.temperature) on every selected task, ``k`` times, at most ``max_steps`` turns."""
+    samples at eval.temperature) on every selected task of the evaluated split, ``k`` times, at most
+    ``max_steps`` turns; summarised by `jaxagent.envs.tau2.harness.summarize` (avg@k, pass^1..pass^k,
+    the components, the scoring basis and what it leaves out) with the domain and split."""
     from jaxagent.envs.llm_user import LLMUserClient
     from jaxagent.envs.tau2.agents import EndpointAgent, OracleAgent
-    from jaxagent.envs.tau2.harness import per_task, summarize, summary_text
+    from jaxagent.envs.tau2.harness import per_task, summary_text
 
     section = ctx.settings.tau2
     factory = setup.factory
@@ -95,10 +125,8 @@ def _host_eval(ctx: EnvContext, request: HostEvalRequest, setup: EnvSetup) -> Ho
         return EndpointAgent(client) if client is not None else OracleAgent()
 
     def summarise(reports):
-        rows = per_task(reports)
-        summary = {"customer": section.customer, **summarize(reports, scoring_mode=section.scoring, k=request.k)}
-        summary["pass_hat_k"] = sum(r["success"] >= 1.0 for r in rows) / len(rows)  # tau2's pass^k: all k runs
-        return HostEvalResult(rows, summary, summary_text)
+        summary = {"customer": section.customer, **factory.summary(reports, k=request.k)}
+        return HostEvalResult(per_task(reports), summary, summary_text)
 
     async def aclose():
         await factory.aclose()
@@ -118,7 +146,7 @@ _COMMON = dict(
     build=_build, max_reward=1.0, needs_text_tokenizer=True, sampled_eval=False, demonstrations=_demos,
     host_agents=("oracle", "endpoint"), host_eval=_host_eval, simulator_clients=simulator_clients,
     reaction_labels=("provide_info", "confirm", "approve", "accept", "be_vague", "clarify_request", "correct", "reject",
-                     "challenge", "complain"))
+                     "challenge", "complain"), eval_k=4)
 
 TAU2 = EnvSpec(name="tau2", description="tau2-bench (env.tau2.domain: " + ", ".join(DOMAINS) + ")",
                label=lambda env: f"tau2_{env.tau2.domain}", **_COMMON)

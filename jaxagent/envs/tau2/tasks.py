@@ -3,9 +3,12 @@
 A task carries the customer's scenario (``user_scenario.instructions``: reason for call, known and
 unknown info, task instructions), the gold actions the evaluator replays, the strings the agent
 must communicate, the natural-language assertions for an LLM judge, and the reward basis (which
-components gate the reward). `load_task_set` reads a domain's split file (``tasks_train.json``)
-from the data directory (default: the domain's packaged copy) and checks every field it uses; a malformed file fails with an error
-that names the task, the field, the value and what was expected.
+components gate the reward). `load_task_set` reads a domain's split file (`SPLITS`: ``train``,
+``test``; the file is the domain's ``task_files`` entry, else ``tasks_<split>.json``) from the data
+directory (default: the domain's packaged copy) and checks every field it uses; a malformed file
+fails with an error that names the task, the field, the value and what was expected, and a split
+the package does not ship (airline's withheld test tasks) with one that names the missing file
+(`split_file`, `check_split`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any
 from jaxagent.envs.tau2 import DEFAULT_DOMAIN, get_domain
 
 REWARD_COMPONENTS = ("DB", "NL_ASSERTION", "COMMUNICATE", "ACTION", "ENV_ASSERTION")
+#: tau2's task splits (``env.tau2.split``): ``train`` ships for every domain; ``test`` where its file is there.
+SPLITS = ("train", "test")
 INSTRUCTION_FIELDS = ("domain", "reason_for_call", "known_info", "unknown_info", "task_instructions")
 
 
@@ -120,19 +125,40 @@ def parse_task(raw: Mapping[str, Any], i: int = 0, domain: str = DEFAULT_DOMAIN)
 _CACHE: dict[tuple[str, str, str], dict[str, Task]] = {}
 
 
+def split_file(data_dir: str | Path | None, split: str, domain: str = DEFAULT_DOMAIN) -> Path:
+    """The task file of ``domain``'s ``split`` (one of `SPLITS`): its ``Domain.task_files`` entry, else
+    tau2's name ``tasks_<split>.json``, in ``data_dir`` (None: the domain's packaged data). The file
+    need not exist (`check_split`). `TaskError` naming the split and the choices for another name."""
+    if split not in SPLITS:
+        raise TaskError(f"split={split!r}: expected one of {', '.join(map(repr, SPLITS))}")
+    d = get_domain(domain)
+    return Path(data_dir or d.data_dir) / d.task_files.get(split, f"tasks_{split}.json")
+
+
+def check_split(data_dir: str | Path | None, split: str, domain: str = DEFAULT_DOMAIN) -> Path:
+    """`split_file` when it exists; else `FileNotFoundError` naming the file and saying whether the
+    package does not ship that split (``data_dir`` None) or the given directory lacks it."""
+    path = split_file(data_dir, split, domain)
+    if path.is_file():
+        return path
+    if data_dir is None:
+        shipped = [s for s in SPLITS if split_file(None, s, domain).is_file()]
+        raise FileNotFoundError(
+            f"split={split!r}: the tau2 {domain} {split} split is not shipped with the package ({path} does not "
+            f"exist; shipped: {', '.join(shipped) or 'none'}); expected split={shipped[0] if shipped else 'train'!r}, "
+            f"or env.tau2.data_dir naming a directory that holds {path.name}")
+    raise FileNotFoundError(f"split={split!r}: {path} does not exist, no tau2 {domain} task file (env.tau2.data_dir="
+                            f"{str(data_dir)!r}; expected a directory holding {path.name})")
+
+
 def load_task_set(data_dir: str | Path | None = None, split: str = "train", *,
                   domain: str = DEFAULT_DOMAIN) -> dict[str, Task]:
-    """``{task id: Task}`` in file order for ``domain``'s ``split`` (its ``task_files``; only
-    ``train`` ships with the package), from ``data_dir`` (default: the domain's packaged data)."""
-    d = get_domain(domain)
-    if split not in d.task_files:
-        raise TaskError(f"split={split!r}: expected one of {', '.join(d.task_files)}")
-    path = Path(data_dir or d.data_dir) / d.task_files[split]
+    """``{task id: Task}`` in file order for ``domain``'s ``split`` (`split_file`), from ``data_dir``
+    (default: the domain's packaged data). A missing file is `check_split`'s `FileNotFoundError`."""
+    path = split_file(data_dir, split, domain)
     key = (str(path.resolve()), split, domain)
     if key not in _CACHE:
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no tau2 {domain} task file (env.tau2.data_dir={str(data_dir)!r}; "
-                                    f"expected a directory holding {d.task_files[split]})")
+        check_split(data_dir, split, domain)
         _CACHE[key] = parse_task_list(json.loads(path.read_text()), str(path), domain)
     return dict(_CACHE[key])
 
@@ -195,13 +221,16 @@ def render_scenario(task: Task) -> str:
 __all__ = [
     "INSTRUCTION_FIELDS",
     "REWARD_COMPONENTS",
+    "SPLITS",
     "Action",
     "Task",
     "TaskError",
+    "check_split",
     "load_task_set",
     "parse_task",
     "parse_task_list",
     "render_instructions",
     "render_scenario",
     "select_tasks",
+    "split_file",
 ]

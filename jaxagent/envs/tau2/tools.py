@@ -12,15 +12,17 @@ an object, any exception of the call -> ``"Error: ..."``), `render` formats a su
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import json
 import operator
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 __all__ = ["CALCULATE_CHARS", "CALCULATE_MAX_INT_BITS", "ToolError", "ToolResult", "calculate", "check_schemas",
-           "render", "run_tool"]
+           "render", "run_tool", "schema_file_text"]
 
 CALCULATE_CHARS = "0123456789+-*/(). "
 CALCULATE_MAX_INT_BITS = 100_000
@@ -232,3 +234,13 @@ def check_schemas(schemas: Any, toolkit_cls: type, names: Collection[str],
             if expected is None or any(props[p].get(k) != v for k, v in expected.items()):
                 raise ValueError(f"tool schema {name}: parameter {p} is {props[p].get('type')!r} "
                                  f"(items {props[p].get('items')!r}), the method takes {annotation}")
+
+
+@functools.cache
+def schema_file_text(path: Path, check: Callable[[Any], None]) -> str:
+    """The ``tools`` list of a domain's ``tool_schemas.json`` (``{"source": ..., "tools": [...]}``,
+    tau2's schemas as its code generates them) as JSON text, read and checked (``check``) once per
+    file; a domain serves ``tuple(json.loads(text))``, fresh objects on every call."""
+    tools = json.loads(path.read_text(encoding="utf-8"))["tools"]
+    check(tools)
+    return json.dumps(tools)

@@ -10,24 +10,16 @@ fresh database; a variant that cannot be built for a task is absent from the res
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from jaxagent.envs.base import AgentMessage
-from jaxagent.envs.tau2.agents import plan_for
-from jaxagent.envs.tau2.db import db_hash
+from jaxagent.envs.tau2.agents import derive_broken_plans
 from jaxagent.envs.tau2.domains.retail.customer import identity_of
-from jaxagent.envs.tau2.domains.retail.tools import CANCEL_REASONS, WRITE_TOOLS, execute
-from jaxagent.envs.tau2.scoring import initial_db, target_hash
+from jaxagent.envs.tau2.domains.retail.tools import CANCEL_REASONS, execute
+from jaxagent.envs.tau2.scoring import initial_db
 from jaxagent.envs.tau2.tasks import Action, Task
-
-
-def _replay_hash(task: Task, actions: Sequence[Action], data_dir) -> tuple[str, list[bool]]:
-    db = initial_db(task, data_dir)
-    ok = [not execute(db, a.name, dict(a.arguments)).error for a in actions]
-    return db_hash(db), ok
 
 
 def _candidates(a: Action, db: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -57,32 +49,10 @@ def _candidates(a: Action, db: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def broken_plans(task: Task, data_dir: str | Path | None = None) -> dict[str, list[AgentMessage]]:
-    """``{variant: turns}`` for the variants of `BROKEN_VARIANTS` this task admits, each verified
-    by replay to end in a database other than the gold target (see the module docstring)."""
-    target = target_hash(task, data_dir)
-    acts = list(task.actions)
-    writes = [i for i, a in enumerate(acts) if a.name in WRITE_TOOLS]
-    _, gold_ok = _replay_hash(task, acts, data_dir)
-    out: dict[str, list[AgentMessage]] = {}
-    db0 = initial_db(task, data_dir)
-    for i in writes:
-        if "wrong_argument" in out:
-            break
-        for args in _candidates(acts[i], db0):
-            wrong = dataclasses.replace(acts[i], arguments=args)
-            changed = acts[:i] + [wrong] + acts[i + 1:]
-            h, ok = _replay_hash(task, changed, data_dir)
-            if ok[i] and h != target:
-                out["wrong_argument"] = plan_for(task, changed, unconfirmed=[wrong])
-                break
-    for i in writes:
-        if not gold_ok[i]:
-            continue
-        kept = acts[:i] + acts[i + 1:]
-        if _replay_hash(task, kept, data_dir)[0] != target:
-            out["missing_write"] = plan_for(task, kept)
-            break
+def _extras(task: Task, db: Mapping[str, Any], data_dir: str | Path | None) -> list[Action]:
+    """Extra writes to try, most natural first: the customer's profile address changed, then each of
+    their pending orders the task leaves alone cancelled (the customer found by the gold lookups'
+    arguments, else by the lookups their identity allows)."""
     me = identity_of(task)
     user_id = me.user_id
     if user_id is None:
@@ -94,25 +64,22 @@ def broken_plans(task: Task, data_dir: str | Path | None = None) -> dict[str, li
             if not res.error:
                 user_id = res.content
                 break
-    if user_id is not None and user_id in db0["users"]:
-        touched = {a.arguments.get("order_id") for a in acts}
-        extras = [Action("extra", "modify_user_address", {"user_id": user_id, "address1": "1 Nowhere Lane",
-                                                            "address2": "", "city": "Springfield", "state": "IL",
-                                                            "country": "USA", "zip": "62701"})]
-        extras += [Action("extra", "cancel_pending_order", {"order_id": o, "reason": "ordered by mistake"})
-                   for o in db0["users"][user_id]["orders"]
-                   if o not in touched and db0["orders"][o]["status"] == "pending"]
-        # The extra write goes right after the last gold write (the customer is not consulted between
-        # a tool call and the next message), or first when the goal holds from the start (the
-        # customer would end the episode at the agent's first message).
-        at = 0 if target == db_hash(db0) else max(writes, default=-1) + 1
-        for extra in extras:
-            changed = acts[:at] + [extra] + acts[at:]
-            h, ok = _replay_hash(task, changed, data_dir)
-            if ok[at] and h != target:
-                out["extra_write"] = plan_for(task, changed, unconfirmed=[extra])
-                break
-    return out
+    if user_id is None or user_id not in db["users"]:
+        return []
+    touched = {a.arguments.get("order_id") for a in task.actions}
+    extras = [Action("extra", "modify_user_address", {"user_id": user_id, "address1": "1 Nowhere Lane",
+                                                        "address2": "", "city": "Springfield", "state": "IL",
+                                                        "country": "USA", "zip": "62701"})]
+    return extras + [Action("extra", "cancel_pending_order", {"order_id": o, "reason": "ordered by mistake"})
+                     for o in db["users"][user_id]["orders"]
+                     if o not in touched and db["orders"][o]["status"] == "pending"]
+
+
+def broken_plans(task: Task, data_dir: str | Path | None = None) -> dict[str, list[AgentMessage]]:
+    """``{variant: turns}`` for the variants of `BROKEN_VARIANTS` this task admits, each verified
+    by replay to end in a database other than the gold target (`derive_broken_plans` over retail's
+    candidates; see the module docstring)."""
+    return derive_broken_plans(task, data_dir, candidates=_candidates, extras=lambda db: _extras(task, db, data_dir))
 
 
 __all__ = ["broken_plans"]

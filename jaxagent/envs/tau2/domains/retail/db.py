@@ -27,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jaxagent.envs.tau2.db import data_file, load_canonical, read_task_file
+from jaxagent.envs.tau2.db import check_tables, data_file, load_canonical, read_task_file
 
 __all__ = ["DB_FILE", "DEFAULT_DATA_DIR", "ORDER_FIELDS", "ORDER_OPTIONAL_FIELDS", "ORDER_REQUIRED_FIELDS",
            "ORDER_STATUSES", "POLICY_FILE", "TABLES", "TASKS_FILE", "canonicalize_db", "load_db", "load_policy",
@@ -68,19 +68,7 @@ def canonicalize_db(raw: Any, source: str = "db") -> dict:
     :data:`ORDER_FIELDS` order, the optional ones set to ``None`` where absent. Raises ``ValueError``
     naming the field, the value found and what was expected.
     """
-    if not isinstance(raw, dict):
-        raise ValueError(  # noqa: TRY004 (a bad file)
-            f"{source}: the database must be a JSON object with keys {list(TABLES)}, got {type(raw).__name__}")
-    keys = list(raw)
-    if sorted(keys) != sorted(TABLES):
-        extra = [k for k in keys if k not in TABLES]
-        missing = [k for k in TABLES if k not in raw]
-        raise ValueError(f"{source}: top-level keys {keys} (unexpected {extra}, missing {missing}); "
-                         f"expected exactly {list(TABLES)}")
-    for table in TABLES:
-        if not isinstance(raw[table], dict):
-            raise ValueError(f"{source}: field {table!r} is a {type(raw[table]).__name__} "  # noqa: TRY004 (a bad file)
-                             f"({_describe(raw[table])}); expected an object mapping ids to records")
+    check_tables(raw, TABLES, source)
     orders: dict[str, dict] = {}
     for order_id, order in raw["orders"].items():
         where = f"{source}: orders[{order_id!r}]"

@@ -24,13 +24,12 @@ byte for byte, from the packaged ``tool_schemas.json`` (checked against the meth
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
 
 from jaxagent.envs.tau2.domains.retail.db import DEFAULT_DATA_DIR
-from jaxagent.envs.tau2.tools import ToolError, ToolResult, calculate, check_schemas, run_tool
+from jaxagent.envs.tau2.tools import ToolError, ToolResult, calculate, check_schemas, run_tool, schema_file_text
 
 __all__ = [
     "CANCEL_REASONS",
@@ -370,14 +369,6 @@ def check_tool_schemas(schemas: Any) -> None:
     check_schemas(schemas, RetailTools, TOOL_NAMES)
 
 
-@functools.lru_cache(maxsize=1)
-def _schema_text() -> str:
-    """The ``tools`` list of :data:`TOOL_SCHEMAS_FILE` as JSON text (read and checked once)."""
-    tools = json.loads(TOOL_SCHEMAS_FILE.read_text(encoding="utf-8"))["tools"]
-    check_tool_schemas(tools)
-    return json.dumps(tools)
-
-
 def tool_schemas() -> tuple[dict, ...]:
     """tau2's 16 OpenAI function schemas, exactly as in :data:`TOOL_SCHEMAS_FILE`: tau2's order
     (not :data:`TOOL_NAMES`'s), tau2's descriptions, key order and quirks (``"title":
@@ -386,4 +377,4 @@ def tool_schemas() -> tuple[dict, ...]:
     The file is read and checked against the methods (:func:`check_tool_schemas`) once; every
     call returns fresh objects, so a caller may change them.
     """
-    return tuple(json.loads(_schema_text()))
+    return tuple(json.loads(schema_file_text(TOOL_SCHEMAS_FILE, check_tool_schemas)))
