@@ -99,3 +99,12 @@ def test_cli_schemas_are_taus_bytes():
     line = json.loads(out)
     assert json.dumps(line["tools"]) == json.dumps(json.loads(TOOL_SCHEMAS_FILE.read_text())["tools"])
     assert line["user_tools"] == []
+
+
+def test_func_tools_and_user_calls_with_colliding_arguments(state):
+    ask(state, {"episode": {}})
+    assert ask(state, env_fn("_func_tools"))["raised"] == "TypeError: 'dict' object is not callable"
+    out = ask(state, {"call": {"requestor": "user", "name": "x", "arguments": {"requestor": 1}}})
+    assert out["content"].endswith("got multiple values for keyword argument 'requestor'") and out["error"] is True
+    out = ask(state, {"call": {"requestor": "user", "name": "x", "arguments": {}}})
+    assert out["content"] == replay.USER_TOOLS_UNAVAILABLE

@@ -451,3 +451,40 @@ def test_environment_helpers(db):
         tools._get_flights_from_flight_infos([{"flight_number": "HAT001", "date": "2024-05-20"}])
     late = tools._search_direct_flight("2024-05-20", origin="PHL", leave_after="12:00:00")
     assert late and all(f["scheduled_departure_time_est"] >= "12:00:00" for f in late)
+
+
+# --------------------------------------------------------------------------------------------- a second reading's finds
+def test_a_record_key_named_model_is_dropped_like_any_extra_key(db):
+    pax = [dict(ONE_PAX, model="x")] * 3
+    res = json.loads(ok(db, "update_reservation_passengers", reservation_id=RES, passengers=pax))
+    assert res["passengers"] == [ONE_PAX] * 3
+    assert err(db, "update_reservation_flights", reservation_id=RES, cabin="business", flights=[{"model": 1}],
+               payment_id=CHEN_GC).startswith("Error: 2 validation errors for FlightInfo\nflight_number\n")
+
+
+def test_arguments_named_like_make_tool_calls_parameters_fail_there_first(db):
+    """tau2 runs make_tool_call(name, requestor=..., **arguments): requestor is reported first, then the
+    first of self / tool_name, and before the tool lookup (an unknown tool too)."""
+    mtc = "tau2.environment.environment.Environment.make_tool_call()"
+    assert err(db, "get_user_details", user_id=CHEN, self=1, requestor="x") == (
+        f"Error: {mtc} got multiple values for keyword argument 'requestor'")
+    assert err(db, "get_user_details", tool_name=1, self=2) == (
+        "Error: Environment.make_tool_call() got multiple values for argument 'tool_name'")
+    assert err(db, "think", self=1) == "Error: Environment.make_tool_call() got multiple values for argument 'self'"
+    assert err(db, "cancel_reservation", reservation_id=RES, requestor="assistant").endswith("'requestor'")
+    assert db_hash(db) == INITIAL_HASH
+
+
+def test_calculate_keeps_pythons_big_integers(db):
+    assert ok(db, "calculate", expression="2 ** 200000 // 2 ** 199990") == "1024.0"
+    assert ok(db, "calculate", expression="(2 ** 60000) * (2 ** 60000) // 2 ** 119990") == "1024.0"
+    assert err(db, "calculate", expression="2 ** 100001") == "Error: int too large to convert to float"
+    assert err(db, "calculate", expression="9 ** 9 ** 9").startswith("Error: Result too large to calculate")
+
+
+def test_the_link_rewrite_leaves_the_input_value_alone(db):
+    url = "https://errors.pydantic.dev/9/v/"
+    text = err(db, "send_certificate", user_id=CHEN, amount=url)
+    assert f"input_value='{url}'" in text
+    assert text.endswith(f"For further information visit https://errors.pydantic.dev/{PYDANTIC_REFERENCE_VERSION}"
+                         "/v/float_parsing")

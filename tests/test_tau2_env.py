@@ -194,14 +194,17 @@ def test_oracle_scores_one_and_every_broken_variant_zero_on_all_74_tasks():
     assert labels <= set(DEFAULT_POLARITY), labels - set(DEFAULT_POLARITY)
 
 
-def test_oracle_scores_one_and_every_broken_variant_zero_on_all_40_test_tasks():
+def test_oracle_scores_one_on_all_40_test_tasks_and_broken_variants_zero():
+    """The oracle on every test task; the broken variants on the first 10 (all 112 of the 40 tasks are
+    checked by scripts/eval_tau2_oracle.py --split test, docs/BENCHMARKS.md; the train split's test
+    above plays all 208)."""
     tasks = load_task_set(split="test")
 
     async def main():
         oracle, broken = [], []
-        for tid, task in tasks.items():
+        for i, (tid, task) in enumerate(tasks.items()):
             oracle.append(await play(Tau2Env(tasks, customer=scripted_customers()), OracleAgent(), tid))
-            for kind, turns in broken_plans(task).items():
+            for kind, turns in (broken_plans(task) if i < 10 else {}).items():
                 broken.append((kind, await play(Tau2Env(tasks, customer=scripted_customers()), ScriptedAgent(turns), tid)))
         return oracle, broken
 
@@ -211,7 +214,7 @@ def test_oracle_scores_one_and_every_broken_variant_zero_on_all_40_test_tasks():
            if r["termination"] != "user_stop" or r["score"]["components"]["DB"] != 1.0 or r["score"]["reward"] != 1.0]
     assert bad == []
     counts = collections.Counter(kind for kind, _ in broken)
-    assert counts == {"wrong_argument": 36, "missing_write": 36, "extra_write": 40}
+    assert counts == {"wrong_argument": 9, "missing_write": 9, "extra_write": 10}
     leaked = [(kind, r["task_id"]) for kind, r in broken
               if r["score"]["components"]["DB"] != 0.0 or r["score"]["reward"] != 0.0]
     assert leaked == []

@@ -25,7 +25,9 @@ Commands (one key per line):
   an object, as tau2's ``ToolCall`` requires. A ``"user"`` call on a domain without user tools (every
   domain here: neither retail's nor airline's customer has any) gets what tau2's ``Environment.get_response`` answers:
   ``use_user_tool`` raises ``ValueError("User tools not available")``, so the content is ``"Error: User
-  tools not available"`` with error true and nothing changes (``environment/environment.py``).
+  tools not available"`` with error true and nothing changes (``environment/environment.py``). Either
+  requestor's arguments named ``self``, ``tool_name`` or ``requestor`` get the error of tau2's
+  ``make_tool_call(name, requestor=..., **arguments)`` first (`tools.make_tool_call_error`).
 - ``{"env_function": {"env_type", "func_name", "arguments"}}`` -> ``{"result", "raised", "db_hash",
   "user_db_hash"}``. tau2's ``run_env_function_call`` does ``getattr(toolkit, func_name)(**arguments)``
   on the assistant's toolkit (``env_type`` ``"assistant"``) or the user's (``"user"``; None when the
@@ -38,7 +40,8 @@ Commands (one key per line):
   ``_get_new_reservation_id``, ``_get_new_payment_id``, ``_get_datetime``, ``_search_direct_flight``,
   ``_payment_for_update``), and the functions of tau2's
   ``ToolKitBase`` that read (`ToolKitBase` here: ``has_tool`` and ``tool_type`` by name, ``use_tool``,
-  ``get_statistics``, ``get_db_hash``). ``result`` is the return value as JSON (a bool stays a bool);
+  ``get_statistics``, ``get_db_hash``; ``_func_tools``, a dict-valued property of tau2's toolkit
+  metaclass, raises ``TypeError: 'dict' object is not callable`` as there). ``result`` is the return value as JSON (a bool stays a bool);
   ``raised`` is null, or ``"<exception type>: <message>"`` when the function raised (our tools' refusals
   are reported as tau2's ``ValueError``, a record that fails validation — retail's address, airline's
   flights, passengers, payments, reservation, certificate — as pydantic's ``ValidationError``); any other attribute is tau2's ``AttributeError``. ``update_db``, ``get_tools``,
@@ -91,7 +94,7 @@ from jaxagent.envs.tau2 import DEFAULT_DOMAIN, DOMAINS, get_domain, scoring
 from jaxagent.envs.tau2.db import db_hash
 from jaxagent.envs.tau2.domain import Domain
 from jaxagent.envs.tau2.tasks import Task, load_task_set, parse_task_list
-from jaxagent.envs.tau2.tools import ToolError
+from jaxagent.envs.tau2.tools import ToolError, make_tool_call_error
 
 __all__ = ["COMMANDS", "USER_TOOLS_UNAVAILABLE", "BadLine", "ReplayState", "ToolKitBase", "encode", "handle",
            "load_tasks", "main", "new_state", "run_env_function", "schemas_line", "serve"]
@@ -203,6 +206,8 @@ def run_env_function(domain: Domain, db: dict, env_type: str, func_name: str, ar
         return getattr(toolkit, func_name)(**arguments)
     if func_name in ToolKitBase.FUNCTIONS:
         return getattr(base, func_name)(**arguments)
+    if func_name == "_func_tools":   # a property of tau2's toolkit metaclass: a dict, called
+        raise TypeError("'dict' object is not callable")
     if func_name in _NOT_REPRODUCED or func_name.startswith("__"):
         raise NotReproduced(f"func_name={func_name!r}: tau2's toolkit has it, the replay tool does not reproduce it; "
                             f"expected a tool, one of {sorted(domain.env_functions)} or one of "
@@ -360,8 +365,8 @@ def _call(state: ReplayState, body: dict) -> dict:
     if requestor == "assistant":
         res = state.domain.execute(state.db, name, args)
         content, error = res.content, res.error
-    else:   # no domain here has user tools
-        content, error = USER_TOOLS_UNAVAILABLE, True
+    else:   # no domain here has user tools (tau2's make_tool_call binds its arguments first)
+        content, error = make_tool_call_error(args) or USER_TOOLS_UNAVAILABLE, True
     state.calls.append({"requestor": requestor, "name": name, "arguments": args, "content": content, "error": error})
     return {"content": content, "error": error, **_hashes(state)}
 

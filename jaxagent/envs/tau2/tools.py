@@ -16,18 +16,20 @@ import functools
 import inspect
 import json
 import operator
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CALCULATE_CHARS", "CALCULATE_MAX_INT_BITS", "ToolError", "ToolResult", "calculate", "check_schemas",
-           "render", "run_tool", "schema_file_text"]
+__all__ = ["CALCULATE_CHARS", "CALCULATE_MAX_INT_BITS", "MAKE_TOOL_CALL", "ToolError", "ToolResult", "calculate",
+           "check_schemas", "make_tool_call_error", "render", "run_tool", "schema_file_text"]
 
 CALCULATE_CHARS = "0123456789+-*/(). "
-CALCULATE_MAX_INT_BITS = 100_000
+CALCULATE_MAX_INT_BITS = 1_000_000
 """``calculate`` refuses an integer product or power that would exceed this many bits (tau2's bare
-``eval`` would hang on ``9**9**9``; no float can hold more than ~1024 bits anyway)."""
+``eval`` would hang on ``9**9**9``). Below it, Python's exact integer arithmetic runs as in tau2, so
+``2 ** 200000 // 2 ** 199990`` is ``1024.0`` and ``2 ** 100001`` fails as in tau2 (``int too large to
+convert to float``); at the limit one floor division of such integers takes about a second."""
 
 
 class ToolError(ValueError):
@@ -177,19 +179,42 @@ def render(value: Any) -> str:
     return json.dumps(value)
 
 
+MAKE_TOOL_CALL = "tau2.environment.environment.Environment.make_tool_call()"
+"""tau2 runs every call as ``Environment.make_tool_call(name, requestor=requestor, **arguments)``
+(``environment/environment.py``), so an argument named like one of its own parameters fails there,
+before any tool lookup, with Python's binding error (`make_tool_call_error`)."""
+
+
+def make_tool_call_error(arguments: Mapping[str, Any]) -> str | None:
+    """The tool message tau2 gives when ``arguments`` (an object) holds a key that collides with
+    ``make_tool_call``'s parameters (``self``, ``tool_name``, ``requestor``), else None: Python reports
+    ``requestor`` (given twice at the call site) first, then the first of ``self`` / ``tool_name`` in
+    argument order."""
+    if "requestor" in arguments:
+        return f"Error: {MAKE_TOOL_CALL} got multiple values for keyword argument 'requestor'"
+    for key in arguments:
+        if key in ("self", "tool_name"):
+            return f"Error: Environment.make_tool_call() got multiple values for argument '{key}'"
+    return None
+
+
 def run_tool(toolkit: Any, names: Collection[str], name: str, arguments: Any) -> ToolResult:
     """Run one tool call on ``toolkit`` (a domain's toolkit over the live database, mutated in place
     by write tools); never raises.
 
-    A name outside ``names`` -> ``Error: Tool '<name>' not found.``; arguments that are not an object
-    -> an error saying so; any exception of the call (tau2's messages, Python's argument errors, ...)
+    Arguments that are not an object -> an error saying so; an argument named ``self``, ``tool_name``
+    or ``requestor`` -> tau2's ``make_tool_call`` error (`make_tool_call_error`, before any lookup); a
+    name outside ``names`` -> ``Error: Tool '<name>' not found.``; any exception of the call (tau2's messages, Python's argument errors, ...)
     -> ``"Error: " + str(exc)``; otherwise the rendered result with ``error=False``.
     """
-    if not isinstance(name, str) or name not in names:
-        return ToolResult(f"Error: Tool '{name}' not found.", True)
     if not isinstance(arguments, dict):
         return ToolResult(f"Error: the arguments of {name} must be a JSON object mapping parameter names "
                           f"to values, got {type(arguments).__name__} {arguments!r:.80}", True)
+    collision = make_tool_call_error(arguments)
+    if collision is not None:
+        return ToolResult(collision, True)
+    if not isinstance(name, str) or name not in names:
+        return ToolResult(f"Error: Tool '{name}' not found.", True)
     try:
         result = getattr(toolkit, name)(**arguments)
     except Exception as exc:   # noqa: BLE001 — every failure becomes a tool message, as in tau2

@@ -94,7 +94,7 @@ AIRPORTS: tuple[tuple[str, str], ...] = (
 PYDANTIC_REFERENCE_VERSION = "2.14"
 """The pydantic version of the tau2 run the specification was checked against; validation errors name
 it in their documentation link."""
-_ERROR_LINK = re.compile(r"(https://errors\.pydantic\.dev/)[^/\s]+(/v/)")
+_ERROR_LINK = re.compile(r"(For further information visit https://errors\.pydantic\.dev/)[^/\s]+(/v/)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -159,9 +159,10 @@ class DirectFlight(pydantic.BaseModel):
     prices: dict[str, int]
 
 
-def _build(model: type[pydantic.BaseModel], **fields: Any) -> pydantic.BaseModel:
+def _build(model: type[pydantic.BaseModel], /, **fields: Any) -> pydantic.BaseModel:
     """``model(**fields)``; a validation failure is a `ToolError` with pydantic's text (its link at
-    the reference version)."""
+    the reference version). ``model`` is positional-only: a record may hold a key named ``model``,
+    which pydantic drops like any extra key."""
     try:
         return model(**fields)
     except pydantic.ValidationError as exc:
