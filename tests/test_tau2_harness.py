@@ -242,10 +242,6 @@ def test_split_is_validated_at_config_load(tmp_path):
 
 
 def test_airline_test_split_is_refused_as_not_shipped():
-    try:
-        tau2.get_domain("airline")
-    except ImportError as e:  # the airline domain lands beside this part of the issue
-        pytest.skip(f"airline domain not importable yet: {e}")
     if split_file(None, "test", "airline").is_file():
         pytest.skip("airline's test split has been dropped in")
     with pytest.raises(configlib.ConfigError, match=r"env\.tau2\.split='test': the tau2 airline test split is not "

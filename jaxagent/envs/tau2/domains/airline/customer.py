@@ -54,7 +54,7 @@ from typing import Any
 
 from jaxagent.envs.tau2.customer import STOP, TRANSFER, CustomerTurn, EpisodeView
 from jaxagent.envs.tau2.domains.retail.customer import first_person, identity_of
-from jaxagent.envs.tau2.domains.retail.customer import names_every_value as _names_literally
+from jaxagent.envs.tau2.domains.retail.customer import names_every_value as names_literally
 from jaxagent.envs.tau2.scoring import communicate_reward
 from jaxagent.envs.tau2.tasks import Task
 
@@ -95,7 +95,7 @@ def _norm_args(x: Any) -> Any:
 def names_every_value(text: str, arguments: Mapping[str, Any]) -> bool:
     """Whether ``text`` names every argument value (retail's test, lists and objects value by value),
     after `_norm` on both sides ("round trip" names ``round_trip``, "1,786" names 1786)."""
-    return _names_literally(_norm(text), _norm_args(dict(arguments)))
+    return names_literally(_norm(text), _norm_args(dict(arguments)))
 
 
 def reservation_ids(text: str) -> list[str]:
