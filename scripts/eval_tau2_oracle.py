@@ -1,15 +1,16 @@
 """The tau2 oracle and its broken variants on every shipped task of each domain and split, against
 the scripted customer.
 
-    python3 scripts/eval_tau2_oracle.py [--domain retail|airline|all] [--split train|test|all] [--k 1]
+    python3 scripts/eval_tau2_oracle.py [--domain retail|airline|telecom|all] [--split train|test|all] [--k 1]
                                         [--data-dir DIR] [--out runs/tau2_oracle.jsonl]
 
 For each domain and split (``all``: every registered domain, every split its package ships; a split
 it does not ship is skipped with a note, or an error when that domain was named): the oracle agent
 (the gold actions, each write confirmed by the customer first) plays every task ``--k`` times and
-must score reward 1 (offline: DB x COMMUNICATE); each broken variant the task admits (a wrong
-argument, a missing write, an extra write: the domain's `Domain.broken_plans`) must score 0, DB
-included. Prints one line per domain and split (`jaxagent.envs.tau2.harness.summary_line`: avg@k,
+must score reward 1 (offline: DB x COMMUNICATE; telecom, which needs no judge: tau2's basis,
+ENV_ASSERTION x ACTION); each broken variant the task admits (a wrong argument, a missing write, an
+extra write: the domain's `Domain.broken_plans`) must score 0, DB included (except in telecom, where
+DB is a diagnostic: tau2's target skips the sync). Prints one line per domain and split (`jaxagent.envs.tau2.harness.summary_line`: avg@k,
 pass^k, components, scoring basis) and the broken variants' counts, then the Markdown table across
 them (`jaxagent.envs.tau2.table.markdown_table`), then one JSON line: per run ``domain``, ``split``,
 ``tasks``, the oracle's ``reward`` and ``db`` means, ``pass_hat_1``.., terminations, ``broken_variants``
@@ -36,6 +37,7 @@ from jaxagent.envs.tau2 import DOMAINS, get_domain
 from jaxagent.envs.tau2.agents import OracleAgent, ScriptedAgent, broken_plans
 from jaxagent.envs.tau2.env import Tau2Env, scripted_customers
 from jaxagent.envs.tau2.harness import is_success, pass_hats, summarize, summary_line
+from jaxagent.envs.tau2.scoring import JUDGE_FREE
 from jaxagent.envs.tau2.table import markdown_table
 from jaxagent.envs.tau2.tasks import SPLITS, check_split, load_task_set
 from jaxagent.rollout.runner import play
@@ -103,11 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         rows += [dict(_row(r), agent="oracle", domain=d, split=s) for r in oracle]
         rows += [dict(r, domain=d, split=s) for r in broken]
         missed += [(d, s, r["task_id"]) for r in oracle if not is_success((r["score"] or {}).get("reward", 0.0))]
+        # DB must fail too, except in a judge-free domain (telecom), where it is a diagnostic only
+        strict_db = d not in JUDGE_FREE
         leaked += [(d, s, r["task_id"], r["agent"]) for r in broken
-                   if r["reward"] > 0.0 or r["components"].get("DB", 1.0) != 0.0]
+                   if r["reward"] > 0.0 or (strict_db and r["components"].get("DB", 1.0) != 0.0)]
         print(summary_line(summary))
         kinds = collections.Counter(r["agent"] for r in broken)
-        zero = sum(r["reward"] == 0.0 and r["components"].get("DB") == 0.0 for r in broken)
+        zero = sum(r["reward"] == 0.0 and (not strict_db or r["components"].get("DB") == 0.0) for r in broken)
         print(f"  broken variants: {len(broken)} ({', '.join(f'{v} {n}' for v, n in sorted(kinds.items()))}), "
               f"{zero} scored 0" if has_broken else f"  broken variants: none defined for {d}")
         results.append({"domain": d, "split": s, "tasks": summary["tasks"], "reward": summary["reward"],

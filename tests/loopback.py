@@ -30,7 +30,8 @@ class LoopbackServer:
 @contextlib.contextmanager
 def chat_server(replies):
     """A loopback chat-completions server answering with ``replies`` in order (a str is the
-    message content, a dict the whole message); yields the list of request bodies it received."""
+    message content, a dict the whole message, ``{"status": N}`` an HTTP error N); yields the list of
+    request bodies it received."""
     requests = []
     lock = threading.Lock()
 
@@ -45,9 +46,12 @@ def chat_server(replies):
             with lock:
                 requests.append(body)
                 r = replies[min(len(requests), len(replies)) - 1]
-            msg = {"role": "assistant", "content": r} if isinstance(r, str) else r
-            data = json.dumps({"choices": [{"index": 0, "message": msg, "finish_reason": "stop"}]}).encode()
-            self.send_response(200)
+            if isinstance(r, dict) and set(r) == {"status"}:   # an HTTP error reply
+                status, data = r["status"], b'{"error": {"message": "scripted failure"}}'
+            else:
+                msg = {"role": "assistant", "content": r} if isinstance(r, str) else r
+                status, data = 200, json.dumps({"choices": [{"index": 0, "message": msg, "finish_reason": "stop"}]}).encode()
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

@@ -162,8 +162,9 @@ def test_endpoint_agent_plays_through_openai_tool_calls():
     assert json.dumps(first["tools"]) == json.dumps(list(tool_schemas()))
     assert sorted(t["function"]["name"] for t in first["tools"]) == list(TOOL_NAMES)
     # arguments parsed into the call the environment ran
-    assert env.calls[0] == {"name": "find_user_id_by_email", "arguments": {"email": "mia.garcia2723@example.com"},
-                            "error": False, "content": "mia_garcia_4516"}
+    assert env.calls[0] == {"requestor": "assistant", "name": "find_user_id_by_email",
+                            "arguments": {"email": "mia.garcia2723@example.com"}, "error": False,
+                            "content": "mia_garcia_4516"}
     # the call id threads into the next request
     asst, tool = requests[1]["messages"][-2:]
     assert asst["role"] == "assistant" and [c["id"] for c in asst["tool_calls"]] == ["c_A"]

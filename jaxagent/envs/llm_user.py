@@ -417,6 +417,11 @@ class LLMUserClient:
         raise SimulatorError(f"user simulator: POST {c.url} failed after {attempts} attempts; last: {reason}",
                              status=status, attempts=attempts, reason=reason, body_excerpt=excerpt, kind=kind)
 
+    def parse_turn(self, raw: str, attempts: int = 1, latency_s: float = 0.0) -> UserReply:
+        """A simulator's reply text (from `chat`) as a `UserReply`, as `respond` reads it: the JSON
+        utterance and strategy, the stop markers found and removed."""
+        return self._reply(raw, attempts, latency_s)
+
     def _reply(self, raw: str, attempts: int, latency_s: float) -> UserReply:
         parsed = parse_reply(raw)
         markers = self.config.stop_markers

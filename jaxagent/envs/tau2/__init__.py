@@ -1,7 +1,8 @@
-"""tau2-bench, native in jaxagent, for many domains: retail and airline (docs/TAU2.md).
+"""tau2-bench, native in jaxagent, for many domains: retail, airline and telecom (docs/TAU2.md).
 
 The shared core: `tasks` (tau2's task format, splits, selection), `db` (the hash, data files),
-`tools` (the tool-call machinery, ``calculate``), `scoring` (DB, COMMUNICATE, ACTION, NL_ASSERTION),
+`tools` (the tool-call machinery, ``calculate``), `functions` (tau2's environment functions, env
+assertions), `scoring` (DB, COMMUNICATE, ACTION, NL_ASSERTION, ENV_ASSERTION),
 `customer` (the customer protocol and the LLM customer), `env` (the episode), `agents` (the oracle,
 scripted and endpoint agents), `harness` (host evaluations), `spec` (the registered environment
 family, ``env.kind=tau2``), `replay` (the replay tool). What is a domain's own lives in
@@ -18,7 +19,8 @@ from jaxagent.envs.tau2.domain import Domain
 
 #: Domains by name -> "module:attribute" of their `Domain` (imported on first use).
 DOMAINS: dict[str, str] = {"retail": "jaxagent.envs.tau2.domains.retail:RETAIL",
-                           "airline": "jaxagent.envs.tau2.domains.airline:AIRLINE"}
+                           "airline": "jaxagent.envs.tau2.domains.airline:AIRLINE",
+                           "telecom": "jaxagent.envs.tau2.domains.telecom:TELECOM"}
 
 #: The domain of ``env.tau2.domain``'s default and of the functions that take one by name.
 DEFAULT_DOMAIN = "retail"

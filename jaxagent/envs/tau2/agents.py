@@ -6,8 +6,10 @@ token-in/token-out (`jaxagent.rollout.loop.PolicyAgent`).
 
 - `OracleAgent` performs the task's gold actions in order, one tool call per turn, each write
   preceded by a message that names every argument and asks the customer to confirm, a transfer
-  followed by a message saying so, and ends with a message holding every ``communicate_info``
-  string. Against the scripted customer it reaches the gold database on every train task.
+  followed by a message saying so, each of the customer's own device actions (telecom) asked for
+  in one message (`Domain.ask_user_action`), and ends with a message holding every
+  ``communicate_info`` string. Against the scripted customer it reaches the gold end state on
+  every train task.
 - `broken_plans` derives, per task, the variants that must score 0: ``wrong_argument`` (one gold
   write with one argument changed so that the call still succeeds and the end state differs),
   ``missing_write`` (one gold write left out) and ``extra_write`` (an extra successful write: the
@@ -63,15 +65,23 @@ def plan_for(task: Task, actions: Sequence[Action], unconfirmed: Sequence[Action
     message declines, so that the demonstration reads as the refusal it is."""
     turns: list[AgentMessage] = []
     silent = list(map(id, unconfirmed))
-    writes = get_domain(task.domain).write_tools
+    domain = get_domain(task.domain)
+    writes = domain.write_tools
     for a in actions:
+        if a.requestor == "user":   # the customer's own device action (dual control): ask for it
+            if domain.ask_user_action is None:
+                raise ValueError(f"task {task.id!r}: a user action ({a.name}) in domain {domain.name!r}, which "
+                                 "defines no ask_user_action")
+            turns.append(AgentMessage(domain.ask_user_action(a.name, a.arguments)))
+            continue
         if a.name in writes and id(a) not in silent:
             turns.append(proposal(a.name, a.arguments))
         turns.append(_call(a.name, a.arguments))
         if a.name == "transfer_to_human_agents":
             turns.append(AgentMessage("I have transferred you to a human agent; they will take it from here."))
     said = ", ".join(task.communicate_info)
-    refusal = not said and not any(a.name in writes or a.name == "transfer_to_human_agents" for a in task.actions)
+    refusal = not said and not any(domain.writes(a.requestor, a.name) or a.name == "transfer_to_human_agents"
+                                   for a in task.actions)
     closing = ("I am sorry, but I cannot do that under our policy." if refusal else "Your request is handled.")
     turns.append(AgentMessage((f"Here is what you asked about: {said}. " if said else "")
                               + closing + " Is there anything else I can help with?"))

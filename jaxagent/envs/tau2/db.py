@@ -6,7 +6,7 @@
   copy), with an error that names the config key when it is missing;
 - `load_canonical`: a parsed, canonicalised database, parsed once per path (the cache is keyed by
   the resolved path, size and modification time), an independent copy on every call, cheap enough
-  for one per episode;
+  for one per episode; JSON by default (`parse_json`), another format through its ``parse`` argument;
 - `read_task_file`: the raw task list of a split's file.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG_KEY", "check_tables", "data_file", "db_hash", "load_canonical", "read_task_file"]
+__all__ = ["CONFIG_KEY", "check_tables", "data_file", "db_hash", "load_canonical", "parse_json", "read_task_file"]
 
 CONFIG_KEY = "env.tau2.data_dir"
 
@@ -66,20 +66,26 @@ def check_tables(raw: Any, tables: tuple[str, ...], source: str) -> None:
                              f"({_describe(raw[table])}); expected an object mapping ids to records")
 
 
-def load_canonical(path: Path, canonicalize: Callable[[Any, str], dict]) -> dict:
-    """A fresh, independent copy of ``canonicalize(json of path, str(path))``, parsed and validated
-    once per path (every call returns a new deep copy, so tools may mutate it freely)."""
+def parse_json(text: str, source: str) -> Any:
+    """``text`` parsed as JSON; ``ValueError`` naming ``source`` when it is not valid JSON."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source}: not valid JSON ({exc})") from exc
+
+
+def load_canonical(path: Path, canonicalize: Callable[[Any, str], dict], *,
+                   parse: Callable[[str, str], Any] = parse_json) -> dict:
+    """A fresh, independent copy of ``canonicalize(parse(text of path, str(path)), str(path))``, parsed
+    and validated once per path (every call returns a new deep copy, so tools may mutate it freely).
+    ``parse`` (default JSON) raises ``ValueError`` naming the file when the text is malformed."""
     stat = path.stat()
     stamp = (stat.st_size, stat.st_mtime_ns)
     key = os.fspath(path.resolve())
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
     if hit is None or hit[0] != stamp:
-        with open(path, encoding="utf-8") as fh:
-            try:
-                raw = json.load(fh)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+        raw = parse(path.read_text(encoding="utf-8"), str(path))
         blob = pickle.dumps(canonicalize(raw, str(path)), protocol=pickle.HIGHEST_PROTOCOL)
         with _CACHE_LOCK:
             _CACHE[key] = (stamp, blob)

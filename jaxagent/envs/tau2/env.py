@@ -7,6 +7,13 @@ every domain (`jaxagent.envs.tau2.domain.Domain`: its database, tools and custom
 
 - **State.** A fresh, isolated database per episode (`scoring.initial_db`: ``db.json`` plus the
   task's ``initial_state``); tools mutate it (`tools.execute`), never anything shared.
+- **Dual control** (telecom): the state holds the provider's database and the customer's phone;
+  the customer acts on its phone with its own tools (`user_tools`) while it prepares a reply. Its
+  calls run against the live state (synced after each success), are recorded in ``calls`` with
+  ``requestor: "user"`` and enter the transcript (a user message with ``tool_calls``, then its
+  tool messages) before the customer's text; the agent never sees them, so nothing of them enters
+  the agent's token stream or its training. They count as steps (two per batch) and their errors
+  towards ``max_errors``; both limits are checked once the customer's turn is complete.
 - **Agent turns.** A message with tool calls runs them in order against the live database and
   answers with one tool message per call (``Error: ...`` texts for failures, and for calls the
   parser could not read); the customer sees nothing, so several tool calls between two customer
@@ -32,6 +39,7 @@ every domain (`jaxagent.envs.tau2.domain.Domain`: its database, tools and custom
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -40,8 +48,8 @@ from typing import Any
 from jaxagent.envs.base import AgentMessage, Environment, EnvMessage, Reset, Step
 from jaxagent.envs.tau2 import DEFAULT_DOMAIN, get_domain, scoring
 from jaxagent.envs.tau2.customer import GREETING, Customer, CustomerTurn, LLMCustomer
-from jaxagent.envs.tau2.db import db_hash
 from jaxagent.envs.tau2.tasks import Task
+from jaxagent.envs.tau2.tools import ToolResult
 
 AGENT_INSTRUCTION = """\
 You are a customer service agent that helps the user according to the <policy> provided below.
@@ -75,8 +83,9 @@ def scripted_customers(**kwargs) -> Callable[[Task, Any], Customer]:
 
 
 def llm_customers(client) -> Callable[[Task, Any], Customer]:
-    """A customer factory for `Tau2Env`: an `LLMCustomer` per episode over one shared client."""
-    return lambda task, view: LLMCustomer(client, task)
+    """A customer factory for `Tau2Env`: an `LLMCustomer` per episode over one shared client (with
+    the episode as its view: a dual-control customer acts on its phone through it)."""
+    return lambda task, view: LLMCustomer(client, task, view=view)
 
 
 class Tau2Env(Environment):
@@ -96,7 +105,9 @@ class Tau2Env(Environment):
         self.task: Task | None = None
         self.db: dict = {}
         self.messages: list[dict[str, Any]] = []
-        self.calls: list[dict[str, Any]] = []  # every executed call: name, arguments, error, content
+        # every executed call: requestor, name, arguments, error, content
+        self.calls: list[dict[str, Any]] = []
+        self._pending: list[dict[str, Any]] = []  # the customer's tool exchanges of the turn in progress
         self.customer: Customer | None = None
         self.steps = self.errors = 0
         self.termination: str | None = None
@@ -106,22 +117,45 @@ class Tau2Env(Environment):
         self._ending: tuple | None = None  # an ending whose scoring has not completed
 
     # -- the customer's view (EpisodeView)
-    def db_hash(self) -> str | None:
-        """The live database's hash, recomputed only after a successful write (reads and failed
-        writes change nothing)."""
-        writes = len(self.successful_writes())
+    def _hashes(self) -> tuple[str, str | None] | None:
+        """The live state's hashes (database, user database), recomputed only after a successful
+        write of either side (reads and failed writes change nothing)."""
+        # every call to a mutating tool (a failed one may still have changed the state: a failing sync)
+        writes = sum(self.domain.writes(c.get("requestor", "assistant"), c["name"]) for c in self.calls)
         if (self._hash is None or self._hash[0] != writes) and self.db:
-            self._hash = (writes, db_hash(self.db))
+            self._hash = (writes, (self.domain.db_hash(self.db), self.domain.user_db_hash(self.db)))
         return self._hash[1] if self._hash is not None else None
 
+    def db_hash(self) -> str | None:
+        """The live (agent-side) database's hash."""
+        hashes = self._hashes()
+        return hashes[0] if hashes else None
+
+    def user_db_hash(self) -> str | None:
+        """The live user database's hash (None for a domain without one)."""
+        hashes = self._hashes()
+        return hashes[1] if hashes else None
+
     def goal_db_reached(self) -> bool:
-        return self.db_hash() == scoring.target_hash(self.task, self.data_dir)
+        hashes = self._hashes()
+        state = None if hashes is None else hashes[0] if hashes[1] is None else f"{hashes[0]}|{hashes[1]}"
+        return state == scoring.target_hash(self.task, self.data_dir)
+
+    def assertions_hold(self) -> bool:
+        """Whether every env assertion of the task holds on the live state now (run on a copy)."""
+        if not self.db:
+            return False
+        return scoring.env_assertion_reward(self.task, copy.deepcopy(self.db))[0] == 1.0
 
     def successful_calls(self) -> list[tuple[str, Mapping[str, Any]]]:
-        return [(c["name"], c["arguments"]) for c in self.calls if not c["error"]]
+        """The agent's successful tool calls (name, arguments), in order."""
+        return [(c["name"], c["arguments"]) for c in self.calls
+                if not c["error"] and c.get("requestor", "assistant") == "assistant"]
 
     def successful_writes(self) -> list[tuple[str, Mapping[str, Any]]]:
-        return [(n, a) for n, a in self.successful_calls() if n in self.domain.write_tools]
+        """Successful calls to mutating tools, either side's, in order."""
+        return [(c["name"], c["arguments"]) for c in self.calls
+                if not c["error"] and self.domain.writes(c.get("requestor", "assistant"), c["name"])]
 
     def unexpected_writes(self) -> list[tuple[str, Mapping[str, Any]]]:
         gold = [(a.name, dict(a.arguments)) for a in self.task.write_actions]
@@ -145,10 +179,31 @@ class Tau2Env(Environment):
             raise RuntimeError("Tau2Env.read: no episode in progress; expected reset() first")
         if name not in self.domain.read_tools:
             return None
-        res = self.domain.execute(self.db, name, dict(arguments))
-        self.calls.append({"name": name, "arguments": dict(arguments), "error": res.error, "content": res.content,
-                           "via": "read"})
+        res = self.domain.call(self.db, "assistant", name, dict(arguments))
+        self.calls.append({"requestor": "assistant", "name": name, "arguments": dict(arguments), "error": res.error,
+                           "content": res.content, "via": "read"})
         return res
+
+    def user_tools(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> list[ToolResult]:
+        """The customer's own tool calls (dual control), one message of them: each run in order on
+        the live state as tau2 runs a user call (`Domain.call`, synced after a success), recorded in
+        ``calls`` with ``requestor: "user"``, its results returned to the customer only. They join
+        the transcript, with the customer's reply, once its turn is complete (see the module
+        docstring). A domain without user tools answers each with tau2's error."""
+        if self.task is None or not self.db:
+            raise RuntimeError("Tau2Env.user_tools: no episode in progress; expected reset() first")
+        results, wire = [], []
+        for name, arguments in calls:
+            args = dict(arguments) if isinstance(arguments, Mapping) else arguments
+            res = self.domain.call(self.db, "user", name, args)
+            self.calls.append({"requestor": "user", "name": name, "arguments": args, "error": res.error,
+                               "content": res.content})
+            results.append(res)
+            wire.append({"name": name, "arguments": args})
+        self._pending.append({"role": "user", "content": None, "tool_calls": wire})
+        self._pending += [{"role": "tool", "content": r.content, "name": n, "requestor": "user", "error": r.error}
+                          for (n, _), r in zip(calls, results, strict=True)]
+        return results
 
     # -- Environment
     async def reset(self, task_id: str, seed: int) -> Reset:
@@ -157,18 +212,30 @@ class Tau2Env(Environment):
                            "this environment")
         self.task, self.seed = self.tasks[task_id], seed
         self.db = await asyncio.to_thread(scoring.initial_db, self.task, self.data_dir)
-        self.messages, self.calls = [], []
+        self.messages, self.calls, self._pending = [], [], []
         self.steps = self.errors = 0
         self.termination, self.result, self._hash, self._ending = None, None, None, None
         self.customer = self.make_customer(self.task, self)
         first = await self.customer.opening()
         self.steps += 1
+        self._commit_customer_tools()
         self._record_customer(first)
         return Reset((EnvMessage("system", system_prompt(self.policy)), EnvMessage("user", first.text, reaction=first.label)),
                      tools=self.domain.tool_schemas(), info={"task_id": task_id})
 
     def _record_customer(self, turn: CustomerTurn) -> None:
         self.messages.append({"role": "user", "content": turn.text, "reaction": turn.label})
+
+    def _commit_customer_tools(self) -> None:
+        """The customer's tool exchanges of the finished turn join the transcript: two steps per
+        batch, their errors counted."""
+        for m in self._pending:
+            self.messages.append(m)
+            if m["role"] == "tool":
+                self.errors += bool(m["error"])
+            elif m.get("tool_calls"):
+                self.steps += 2
+        self._pending = []
 
     async def step(self, message: AgentMessage) -> Step:
         """Answers one agent message (see the module docstring). Safe to call again with the same
@@ -186,9 +253,9 @@ class Tau2Env(Environment):
             self.messages.append(agent)
             out = []
             for call in message.tool_calls:
-                res = self.domain.execute(self.db, call.name, call.arguments)
-                self.calls.append({"name": call.name, "arguments": call.arguments, "error": res.error,
-                                   "content": res.content})
+                res = self.domain.call(self.db, "assistant", call.name, call.arguments)
+                self.calls.append({"requestor": "assistant", "name": call.name, "arguments": call.arguments,
+                                   "error": res.error, "content": res.content})
                 out.append(EnvMessage("tool", res.content, tool_call_id=f"call_{len(self.calls) - 1}", name=call.name))
             for reason in message.call_errors:
                 out.append(EnvMessage("tool", f"Error: the tool call could not be parsed ({reason}); expected "
@@ -211,12 +278,17 @@ class Tau2Env(Environment):
             self.messages.append(agent)
             return await self._end("max_steps", ())
         before = getattr(self.customer, "retries", 0)
-        turn = await self.customer.respond(message.content)  # may raise: nothing committed yet
+        # May raise: nothing of this step is committed yet, except the customer's own device actions
+        # (dual control), which stay pending and done; a retry continues the same customer turn.
+        turn = await self.customer.respond(message.content)
         retries = getattr(self.customer, "retries", 0) - before
         self.steps += 2
         self.messages.append(agent)
+        self._commit_customer_tools()
         self._record_customer(turn)
         reply = EnvMessage("user", turn.text, reaction=turn.label)
+        if self.errors >= self.limits.max_errors:
+            return await self._end("too_many_errors", (reply,), stop=turn.stop, retries=retries)
         if self.steps >= self.limits.max_steps:  # tau2: the limit overrides a stop in the same step
             return await self._end("max_steps", (reply,), stop=turn.stop, retries=retries)
         if turn.stop is not None:
@@ -258,7 +330,9 @@ class Tau2Env(Environment):
         return {"task_id": self.task.id if self.task else None, "seed": self.seed,
                 "termination": self.termination or "unfinished",
                 "score": self.result.to_dict() if self.result else None,
-                "db_hash": self.db_hash() if self.task else None, "messages": self.messages}
+                "db_hash": self.db_hash() if self.task else None,
+                **({"user_db_hash": self.user_db_hash()} if self.task and self.domain.has_user_tools else {}),
+                "messages": self.messages}
 
     async def aclose(self) -> None:
         """Ends the episode's resources: the customer, and the database copy (~6 MB; an evaluation
@@ -266,7 +340,7 @@ class Tau2Env(Environment):
         if self.customer is not None:
             await self.customer.aclose()
         if self.db:
-            self.db_hash()
+            self._hashes()
             self.db = {}
 
 

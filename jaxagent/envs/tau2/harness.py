@@ -41,7 +41,7 @@ from typing import Any
 
 from jaxagent.envs.base import EnvFactory
 from jaxagent.envs.tau2.env import EpisodeLimits, Tau2Env, llm_customers, scripted_customers
-from jaxagent.envs.tau2.scoring import OFFLINE_BASIS
+from jaxagent.envs.tau2.scoring import JUDGE_FREE, OFFLINE_BASIS
 from jaxagent.envs.tau2.tasks import REWARD_COMPONENTS, Task, TaskError, load_task_set, select_tasks
 
 SCORING_NOTE = {"offline": "offline: DB x COMMUNICATE (classic tau-bench scoring; not tau2's DB x NL_ASSERTION)",
@@ -191,6 +191,9 @@ def scoring_basis(tasks: Sequence[Task], scoring_mode: str) -> dict[str, Any]:
     if scoring_mode == "tau2":
         used, left, in_place = tau2_parts, {}, []
         reward = "tau2's basis"
+    elif tasks and all(t.domain in JUDGE_FREE for t in tasks):   # no judge needed: tau2's own scoring
+        used, left, in_place = tau2_parts, {}, []
+        reward = "tau2's basis (no judge needed)"
     else:
         used = list(OFFLINE_BASIS)
         left = {c: LEFT_OUT_BECAUSE.get(c, "not computed by the offline scoring") for c in tau2_parts if c not in used}

@@ -1,7 +1,7 @@
 """The replay tool: our tau2 implementation driven line by line, to compare with tau2-bench's own outputs.
 
-    python -m jaxagent.envs.tau2.replay --domain retail|airline [--tasks FILE] < lines.jsonl > answers.jsonl
-    python -m jaxagent.envs.tau2.replay --domain airline --schemas
+    python -m jaxagent.envs.tau2.replay --domain retail|airline|telecom [--tasks FILE] < lines.jsonl > answers.jsonl
+    python -m jaxagent.envs.tau2.replay --domain telecom --schemas
 
 It reads JSON lines on stdin and writes exactly one JSON line per input line on stdout (flushed after
 each); anything else goes to stderr. Lines are split on ``\\n`` only and decoded as UTF-8 here, so no
@@ -9,21 +9,31 @@ input can make the line counts differ. `handle` is the pure line handler (``hand
 dict``); `serve` is the loop around it. The tool is written against `Domain`
 (`jaxagent.envs.tau2.domain`): ``--domain`` takes any name of `jaxagent.envs.tau2.DOMAINS`.
 
+**Dual control** (telecom): the state holds the provider's database and the user's phone. ``user``
+calls run on the user's toolkit (the 30 device tools), ``assistant`` calls on the agent's (each
+side's tools only: another name is ``Tool '<name>' not found.``); after every successful call, every
+environment function and the initialization, the state is synced as tau2's ``sync_tools`` syncs it
+(`Domain.sync`); every answer carries both hashes (``user_db_hash`` is tau2's ``get_user_db_hash``,
+null for retail and airline, which have no user database).
+
 Commands (one key per line):
 
 - ``{"episode": {"task_id": ID}}`` | ``{"episode": {"init": [ACTIONS]}}`` | ``{"episode": {}}`` -> ``{"db_hash",
   "user_db_hash"}``. A fresh state: with ``task_id`` the task's initial database (`scoring.initial_db`, as
-  `Tau2Env.reset` builds it: ``db.json``, then the task's ``initial_state``); with ``init`` the domain's
-  ``db.json`` and then each action ``{"env_type", "func_name", "arguments"}`` run in order as tau2's
-  ``Environment.run_env_function_call`` runs it (`run_env_function`); with neither the bare ``db.json``.
+  `Tau2Env.reset` builds it: the domain's data, then the task's ``initial_state``, each initialization
+  action synced, then one more sync); with ``init`` the domain's data and then each action
+  ``{"env_type", "func_name", "arguments"}`` run in order as tau2's ``Environment.run_env_function_call``
+  runs it (`run_env_function`, synced), then the final sync of tau2's ``set_state``; with neither the
+  bare data.
   Tasks come from ``--tasks FILE`` (tau2's task format: a JSON list of task objects) or else the
   domain's packaged task files. An ``episode`` line always ends the previous episode; if it fails (an
   unknown task, an initialization action that raises: tau2's ``set_state`` stops there) there is none.
 - ``{"call": {"requestor", "name", "arguments"}}`` -> ``{"content", "error", "db_hash", "user_db_hash"}``.
-  One tool call, executed as `Tau2Env.step` executes it (`Domain.execute` on the live database; no
-  domain here has a post-call sync). ``requestor`` defaults to ``"assistant"`` and ``arguments`` must be
-  an object, as tau2's ``ToolCall`` requires. A ``"user"`` call on a domain without user tools (every
-  domain here: neither retail's nor airline's customer has any) gets what tau2's ``Environment.get_response`` answers:
+  One tool call, executed as `Tau2Env.step` executes it (`Domain.call`: the requestor's toolkit on the
+  live state, then the sync after a success; retail and airline have no sync). ``requestor`` defaults
+  to ``"assistant"`` and ``arguments`` must be an object, as tau2's ``ToolCall`` requires. A ``"user"``
+  call runs on the user's toolkit (telecom's phone); on a domain without user tools (retail,
+  airline) it gets what tau2's ``Environment.get_response`` answers:
   ``use_user_tool`` raises ``ValueError("User tools not available")``, so the content is ``"Error: User
   tools not available"`` with error true and nothing changes (``environment/environment.py``). Either
   requestor's arguments named ``self``, ``tool_name`` or ``requestor`` get the error of tau2's
@@ -34,7 +44,10 @@ Commands (one key per line):
   domain has no user tools, so ``'NoneType' object has no attribute ...``), returning the raw value.
   Mirrored here: the toolkit's tools (raw values before rendering: records as JSON objects, strings as
   strings), the non-tool methods of tau2's toolkit class that the domain reproduces
-  (`Domain.env_functions`; retail: ``_get_order``, ``_get_user``, ``_get_product``, ``_get_item``,
+  (`Domain.env_functions`, `Domain.user_env_functions`; telecom: the provider's ``set_data_usage``,
+  ``suspend_line_for_overdue_bill`` and its ``assert_*``, the phone's initialization functions
+  (``set_user_info``, ``turn_airplane_mode_on``, ``break_apn_settings``...) and its ``assert_*``;
+  each followed by the sync; retail: ``_get_order``, ``_get_user``, ``_get_product``, ``_get_item``,
   ``_get_variant``, ``_get_payment_method``, ``_is_pending_order``; airline: ``_get_user``,
   ``_get_reservation``, ``_get_flight``, ``_get_flight_instance``, ``_get_flights_from_flight_infos``,
   ``_get_new_reservation_id``, ``_get_new_payment_id``, ``_get_datetime``, ``_search_direct_flight``,
@@ -52,28 +65,32 @@ Commands (one key per line):
   then the given messages (role ``"assistant"`` or ``"user"``, content a string or null), scored as
   task ID's trajectory ended by the customer (termination ``user_stop``) through `scoring.score`, the
   code the episodes use. The final database is tau2's predicted state (`scoring.replay_db`: task ID's
-  initial state, then the episode's assistant calls to mutating tools re-executed, each output checked
-  against the recorded one; user calls on a domain without user tools change nothing and re-execute to
-  the same error, so they are left out). A mismatch, which tau2's strict evaluation raises on (e.g. the
+  initial state, then the episode's calls to mutating tools of their requestor's toolkit re-executed,
+  each synced and its output checked against the recorded one, then a final sync; user calls on a
+  domain without user tools change nothing, so they are left out). A mismatch, which tau2's strict evaluation raises on (e.g. the
   episode did not start from task ID's initial state), is an error line. ``env_function`` lines are no
   part of the trajectory (tau2's evaluator rebuilds its state from the task and the messages only).
 
   Components (tau2's ``evaluator/evaluator.py``, evaluation type ``all``, the default): tau2 runs the
   environment (DB), action and communicate evaluators on every task and the NL-assertion judge only
   when ``NL_ASSERTION`` is in the task's ``reward_basis``; the reward is the product of the basis
-  components. So ``components`` holds ``DB``, ``COMMUNICATE`` and ``ACTION`` always, and
-  ``NL_ASSERTION`` when the basis holds it: 1.0 when the task has no assertions (tau2 makes no model
+  components. So ``components`` holds ``DB``, ``COMMUNICATE`` and ``ACTION`` always,
+  ``ENV_ASSERTION`` when the task has env assertions (telecom: each run as tau2's
+  ``run_env_assertion`` on the final state), and ``NL_ASSERTION`` when the basis holds it: 1.0 when the task has no assertions (tau2 makes no model
   call then), else null, since this tool has no judge. **Reward without a judge (our choice):** an
   NL_ASSERTION that cannot be computed is left out of the product, so ``reward`` is the product of the
-  other basis components (DB for retail; airline's basis, DB x COMMUNICATE, needs no judge). That equals tau2's reward wherever tau2 needs no LLM (tasks
+  other basis components (DB for retail; airline's basis, DB x COMMUNICATE, and telecom's,
+  ENV_ASSERTION (x ACTION), need no judge). In telecom, DB is tau2's diagnostic: both hashes against
+  the gold actions replayed without the sync, as tau2's evaluator builds its target. That equals tau2's reward wherever tau2 needs no LLM (tasks
   whose assertions are empty; tau2's ``env`` evaluation type otherwise), and is an upper bound of its
   judged reward. It is NOT the offline scoring mode's DB x COMMUNICATE (`scoring.OFFLINE_BASIS`), which
   is the classic tau-bench stand-in the episodes use.
 - ``--schemas`` (no stdin) -> one line ``{"tools": [...], "user_tools": [...]}``: `Domain.tool_schemas()`
-  exactly as served to the agent (tau2's order and bytes), and ``[]`` of user tools (none here).
+  exactly as served to the agent (tau2's order and bytes), and `Domain.user_tool_schemas()` as served to
+  the LLM customer (telecom's 30; ``[]`` for retail and airline).
 
-Hashes are tau2's (`jaxagent.envs.tau2.db.db_hash`); ``user_db_hash`` is null for every domain here (no
-user database: neither retail's nor airline's customer has one). A bad line (not JSON, not UTF-8, NaN or Infinity, an
+Hashes are tau2's (`jaxagent.envs.tau2.db.db_hash` of each part); ``user_db_hash`` is null for retail and
+airline (no user database). A bad line (not JSON, not UTF-8, NaN or Infinity, an
 unknown command or field, a missing or mistyped field, an unknown task id, a call before any episode,
 ...) gets ``{"error": "..."}`` naming the field, the value and what was expected, and the tool goes on.
 """
@@ -90,11 +107,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from jaxagent.envs.tau2 import DEFAULT_DOMAIN, DOMAINS, get_domain, scoring
-from jaxagent.envs.tau2.db import db_hash
-from jaxagent.envs.tau2.domain import Domain
+from jaxagent.envs.tau2 import DEFAULT_DOMAIN, DOMAINS, functions, get_domain, scoring
+from jaxagent.envs.tau2.domain import USER_TOOLS_UNAVAILABLE, Domain
+from jaxagent.envs.tau2.functions import ToolKitBase
 from jaxagent.envs.tau2.tasks import Task, load_task_set, parse_task_list
-from jaxagent.envs.tau2.tools import ToolError, make_tool_call_error
+from jaxagent.envs.tau2.tools import ToolError
 
 __all__ = ["COMMANDS", "USER_TOOLS_UNAVAILABLE", "BadLine", "ReplayState", "ToolKitBase", "encode", "handle",
            "load_tasks", "main", "new_state", "run_env_function", "schemas_line", "serve"]
@@ -102,10 +119,7 @@ __all__ = ["COMMANDS", "USER_TOOLS_UNAVAILABLE", "BadLine", "ReplayState", "Tool
 COMMANDS = ("episode", "call", "env_function", "score")
 REQUESTORS = ("assistant", "user")
 MESSAGE_ROLES = ("assistant", "user")
-USER_TOOLS_UNAVAILABLE = "Error: User tools not available"
-"""tau2's tool message for a user call when the domain has no user toolkit (``use_user_tool`` raises)."""
 
-_NOT_REPRODUCED = frozenset({"update_db", "get_tools", "tools", "db"})
 _PYDANTIC_ERROR = re.compile(r"\d+ validation errors? for ")
 
 
@@ -131,7 +145,7 @@ class ReplayState:
 
 def load_tasks(domain: str = DEFAULT_DOMAIN, path: str | Path | None = None) -> dict[str, Task]:
     """``{task id: Task}`` of ``domain``: the tasks of ``path`` (tau2's task format, a JSON list of task
-    objects) or, without one, of every packaged task file of the domain. Raises `TaskError` (or
+    objects, or an object with such a ``tasks`` list, as tau2's ``load_tasks`` reads) or, without one, of every packaged task file of the domain. Raises `TaskError` (or
     ``OSError`` / ``ValueError`` for an unreadable file) naming what is wrong."""
     if path is None:
         tasks: dict[str, Task] = {}
@@ -141,7 +155,10 @@ def load_tasks(domain: str = DEFAULT_DOMAIN, path: str | Path | None = None) -> 
             except FileNotFoundError:   # a split the package does not ship
                 continue
         return tasks
-    return parse_task_list(json.loads(Path(path).read_text(encoding="utf-8")), str(path), domain)
+    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    if isinstance(raw, dict) and isinstance(raw.get("tasks"), list):   # tau2's load_tasks takes {"tasks": [...]} too
+        raw = raw["tasks"]
+    return parse_task_list(raw, str(path), domain)
 
 
 def new_state(domain: str = DEFAULT_DOMAIN, tasks_file: str | Path | None = None) -> ReplayState:
@@ -150,69 +167,13 @@ def new_state(domain: str = DEFAULT_DOMAIN, tasks_file: str | Path | None = None
 
 
 # ----------------------------------------------------------------------------- environment functions
-class ToolKitBase:
-    """The reading functions of tau2's ``ToolKitBase`` over a domain's toolkit (tau2 reaches them with
-    ``getattr`` on its toolkit). The class carries tau2's name so that Python's argument errors read
-    as tau2's (``ToolKitBase.has_tool() missing 1 required positional argument: 'tool_name'``).
-    Tool types come from the `Domain`: its write tools, its read tools, and ``generic`` otherwise."""
-
-    FUNCTIONS = ("use_tool", "has_tool", "tool_type", "get_statistics", "get_db_hash")
-
-    def __init__(self, domain: Domain, db: dict, toolkit: Any):
-        self._db, self._toolkit = db, toolkit
-        names = [s["function"]["name"] for s in domain.tool_schemas()]
-        self._types = {n: "write" if n in domain.write_tools else "read" if n in domain.read_tools else "generic"
-                       for n in names}
-
-    def use_tool(self, tool_name: str, **kwargs: Any) -> Any:
-        """The tool's raw result; ``ValueError("Tool '<name>' not found.")`` for another name."""
-        if tool_name not in self._types:
-            raise ValueError(f"Tool '{tool_name}' not found.")
-        return getattr(self._toolkit, tool_name)(**kwargs)
-
-    def has_tool(self, tool_name: str) -> bool:
-        """Whether the toolkit has a tool of that name."""
-        return tool_name in self._types
-
-    def tool_type(self, tool_name: str) -> str:
-        """``"read"``, ``"write"`` or ``"generic"`` (tau2's ``ToolType`` value); KeyError for another name."""
-        return self._types[tool_name]
-
-    def get_statistics(self) -> dict[str, int]:
-        """tau2's tool counts by type."""
-        types = list(self._types.values())
-        return {"num_tools": len(types), "num_read_tools": types.count("read"),
-                "num_write_tools": types.count("write"), "num_think_tools": types.count("think"),
-                "num_generic_tools": types.count("generic")}
-
-    def get_db_hash(self) -> str:
-        """The database hash (`db.db_hash`)."""
-        return db_hash(self._db)
-
-
 def run_env_function(domain: Domain, db: dict, env_type: str, func_name: str, arguments: Mapping[str, Any]) -> Any:
-    """One of tau2's environment functions (``Environment.run_env_function_call``) on ``db``: the raw
-    return value, or the exception tau2 would raise (see the module docstring). `NotReproduced` for a
-    function tau2 has that is not reproduced here. No domain here has a post-call sync."""
-    if env_type == "user":   # no domain here has a user toolkit: tau2 calls getattr(None, func_name)
-        raise AttributeError(f"'NoneType' object has no attribute '{func_name}'")
-    if env_type != "assistant":
-        raise BadLine(f"env_type={env_type!r}: expected one of {', '.join(map(repr, REQUESTORS))}")
-    if domain.toolkit is None:
-        raise NotReproduced(f"domain {domain.name!r} defines no toolkit for environment functions")
-    toolkit = domain.toolkit(db)
-    base = ToolKitBase(domain, db, toolkit)
-    if func_name in base._types or func_name in domain.env_functions:
-        return getattr(toolkit, func_name)(**arguments)
-    if func_name in ToolKitBase.FUNCTIONS:
-        return getattr(base, func_name)(**arguments)
-    if func_name == "_func_tools":   # a property of tau2's toolkit metaclass: a dict, called
-        raise TypeError("'dict' object is not callable")
-    if func_name in _NOT_REPRODUCED or func_name.startswith("__"):
-        raise NotReproduced(f"func_name={func_name!r}: tau2's toolkit has it, the replay tool does not reproduce it; "
-                            f"expected a tool, one of {sorted(domain.env_functions)} or one of "
-                            f"{list(ToolKitBase.FUNCTIONS)}")
-    raise AttributeError(f"'{type(toolkit).__name__}' object has no attribute '{func_name}'")
+    """`functions.run_env_function` (tau2's ``run_env_function_call``, then the sync), with a function
+    tau2 has that is not reproduced here reported as a bad line (`NotReproduced`)."""
+    try:
+        return functions.run_env_function(domain, db, env_type, func_name, arguments)
+    except functions.NotReproduced as e:
+        raise NotReproduced(str(e)) from None
 
 
 def _raised(exc: BaseException) -> str:
@@ -320,9 +281,8 @@ def _no_episode(state: ReplayState, cmd: str) -> None:
 
 
 def _hashes(state: ReplayState) -> dict[str, str | None]:
-    # No domain here has a user database (retail's and airline's customers have none): tau2's
-    # get_user_db_hash is None.
-    return {"db_hash": db_hash(state.db), "user_db_hash": None}
+    # tau2's get_db_hash and get_user_db_hash (None for a domain without a user database).
+    return {"db_hash": state.domain.db_hash(state.db), "user_db_hash": state.domain.user_db_hash(state.db)}
 
 
 # ----------------------------------------------------------------------------- commands
@@ -352,6 +312,8 @@ def _episode(state: ReplayState, body: dict) -> dict:
             except Exception as e:   # noqa: BLE001 — tau2's set_state raises: no episode
                 raise BadLine(f"episode.init[{j}] ({func_name}) raised {_raised(e)}: tau2's set_state stops there, "
                               "so there is no episode") from None
+        if domain.sync is not None:   # set_state's final sync
+            domain.sync(db)
     state.db = db
     return _hashes(state)
 
@@ -362,11 +324,8 @@ def _call(state: ReplayState, body: dict) -> dict:
     name = _string(body["name"], "call.name")
     args = _copy(_object(body["arguments"], "call.arguments"))
     _no_episode(state, "call")
-    if requestor == "assistant":
-        res = state.domain.execute(state.db, name, args)
-        content, error = res.content, res.error
-    else:   # no domain here has user tools (tau2's make_tool_call binds its arguments first)
-        content, error = make_tool_call_error(args) or USER_TOOLS_UNAVAILABLE, True
+    res = state.domain.call(state.db, requestor, name, args)   # routed per side, synced after a success
+    content, error = res.content, res.error
     state.calls.append({"requestor": requestor, "name": name, "arguments": args, "content": content, "error": error})
     return {"content": content, "error": error, **_hashes(state)}
 
@@ -405,7 +364,7 @@ def _score(state: ReplayState, body: dict) -> dict:
         transcript.append({"role": "tool", "content": c["content"], "name": c["name"]})
     transcript += messages
     try:
-        final = scoring.replay_db(task, [c for c in state.calls if c["requestor"] == "assistant"])
+        final = scoring.replay_db(task, state.calls)
     except scoring.ReplayMismatch as e:
         raise BadLine(f"score: {e}; tau2's strict evaluation raises here (did the episode start from task "
                       f"{task.id!r}'s initial state?)") from None
@@ -461,7 +420,7 @@ def encode(answer: Mapping[str, Any]) -> str:
 def schemas_line(domain: Domain) -> dict[str, list]:
     """``{"tools": [...], "user_tools": [...]}``: the domain's tool schemas exactly as served to the agent
     (`Domain.tool_schemas`), and its user tools (none for any domain here)."""
-    return {"tools": list(domain.tool_schemas()), "user_tools": []}
+    return {"tools": list(domain.tool_schemas()), "user_tools": list(domain.user_tool_schemas())}
 
 
 def serve(state: ReplayState, stdin: IO[bytes], stdout: IO[str]) -> int:

@@ -3,8 +3,13 @@ the airline spec's §5).
 
 Components, each 0 or 1:
 
-- **DB**: the episode's final database hashed (`db.db_hash`) equals the target: a fresh database
-  on which the task's gold actions were executed in order (failing gold actions change nothing).
+- **DB**: the episode's final state hashed (`Domain.state_hash`: the database, and the user's
+  database in a dual-control domain) equals the target: a fresh state on which the task's gold
+  actions were executed in order (failing gold actions change nothing; tau2 replays them without
+  the sync between the two databases, so in telecom the target often differs from the gold run's
+  end state and DB is a diagnostic there).
+- **ENV_ASSERTION** (telecom): every env assertion of the task holds on the final state
+  (`functions.run_assertion`); 1 when the task has none.
 - **COMMUNICATE**: every ``communicate_info`` string, lower-cased, is a substring of some assistant
   text message lower-cased with its commas removed (1 when the list is empty).
 - **ACTION** (diagnostic in retail): every gold action is matched by some call of the episode.
@@ -14,10 +19,13 @@ Components, each 0 or 1:
 Scoring modes (every report carries its mode):
 
 - ``"tau2"``: the task's ``reward_basis`` (DB x NL_ASSERTION for most retail tasks; DB x COMMUNICATE
-  for every airline task, which needs no judge), the NL component from an OpenAI-compatible
-  judge. Comparable with tau2 runs of the same task set.
+  for every airline task, which needs no judge; ENV_ASSERTION, x ACTION on transfer tasks, for
+  telecom), the NL component from an OpenAI-compatible judge. Comparable with tau2 runs of the
+  same task set.
 - ``"offline"``: DB x COMMUNICATE, the classic tau-bench scoring, with no model call. A project
-  choice (spec §4.6), NOT tau2's scoring: never compare it with tau2 leaderboard numbers.
+  choice (spec §4.6), NOT tau2's scoring: never compare it with tau2 leaderboard numbers. A domain
+  whose tasks need no judge at all (telecom: env assertions and actions only, `JUDGE_FREE`) is
+  scored by its ``reward_basis`` in this mode too: tau2's own scoring, with no model call.
 
 Only episodes that ended by a customer stop (or an agent stop) are scored; any other ending
 (max steps, too many tool errors, an agent protocol error, a simulator failure) gets reward 0
@@ -34,12 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from jaxagent.envs.tau2 import get_domain
-from jaxagent.envs.tau2.db import db_hash
+from jaxagent.envs.tau2.functions import run_assertion, run_env_function
 from jaxagent.envs.tau2.tasks import Task
 
 SCORING_MODES = ("offline", "tau2")
 SCORED_TERMINATIONS = ("user_stop", "agent_stop")
 OFFLINE_BASIS = ("DB", "COMMUNICATE")
+JUDGE_FREE = frozenset({"telecom"})
+"""Domains whose tasks never need a judge (no NL assertions, no communicate strings: env assertions
+and actions): their ``reward_basis`` is tau2's scoring in every mode."""
 
 
 class InitialStateError(ValueError):
@@ -55,9 +66,11 @@ def _merge(dst: dict, src: Mapping[str, Any]) -> None:
 
 
 def initial_db(task: Task, data_dir: str | Path | None = None) -> dict:
-    """A fresh database for ``task``: ``db.json``, then the task's ``initial_state`` when present
-    (``initialization_data.agent_data`` merged in, then ``initialization_actions`` executed in
-    order; a failing action is an error naming it). No retail task at this release has one."""
+    """A fresh state for ``task``: the domain's database (and the user's, in a dual-control
+    domain), then the task's ``initial_state`` when present (``initialization_data.agent_data``
+    merged in, then ``initialization_actions`` run in order as tau2's environment functions,
+    `functions.run_env_function`, each followed by the sync; then one more sync; a failing action is
+    an error naming it). No retail or airline task at this release has one; every telecom task has."""
     domain = get_domain(task.domain)
     db = domain.load_db(data_dir)
     init = task.initial_state
@@ -68,24 +81,30 @@ def initial_db(task: Task, data_dir: str | Path | None = None) -> dict:
         raise InitialStateError(f"task {task.id!r}: initial_state.message_history with {len(history)} messages; "
                                 "expected none (episodes start from the greeting)")
     data = (init.get("initialization_data") or {}).get("agent_data")
+    if init.get("initialization_data") and domain.has_user_tools:
+        raise InitialStateError(f"task {task.id!r}: initial_state.initialization_data in the dual-control domain "
+                                f"{domain.name!r}: not supported (no tau2 task has it); expected initialization_actions")
     if data:
         _merge(db, data)
     for j, act in enumerate(init.get("initialization_actions") or ()):
         name, args = act.get("func_name") or act.get("name"), act.get("arguments", {})
-        res = domain.execute(db, name, args)
-        if res.error:
+        try:
+            run_env_function(domain, db, act.get("env_type") or "assistant", name, args)
+        except Exception as e:   # noqa: BLE001 — tau2's set_state raises: the task cannot start
             raise InitialStateError(f"task {task.id!r}: initial_state.initialization_actions[{j}] ({name}) failed: "
-                                    f"{res.content}")
+                                    f"{type(e).__name__}: {e}") from None
+    if domain.sync is not None:
+        domain.sync(db)
     return db
 
 
 def target_db(task: Task, data_dir: str | Path | None = None) -> dict:
-    """The gold end state: `initial_db` with the task's gold actions executed in order, failures
-    ignored (spec §4.3)."""
+    """The gold end state: `initial_db` with the task's gold actions executed in order by their
+    requestors, failures ignored, without the sync (tau2's ``make_tool_call``; spec §4.3)."""
     db = initial_db(task, data_dir)
-    execute = get_domain(task.domain).execute
+    domain = get_domain(task.domain)
     for a in task.actions:
-        execute(db, a.name, dict(a.arguments))
+        domain.call(db, a.requestor, a.name, dict(a.arguments), sync=False)
     return db
 
 
@@ -104,18 +123,23 @@ def _parsed(text: str) -> Any:
 def replay_db(task: Task, calls: Sequence[Mapping[str, Any]], data_dir: str | Path | None = None, *,
               strict: bool = True) -> dict:
     """tau2's predicted state (spec §4.3): a fresh `initial_db`, then every recorded call to a
-    mutating tool re-executed in order (unknown tools and reads skipped). Each call is a mapping
-    with ``name``, ``arguments`` and the recorded ``content``; in ``strict`` mode an output that
-    differs from the recorded one (both parsed as JSON when possible) raises `ReplayMismatch`."""
+    mutating tool of its requestor's toolkit re-executed in order, each synced after a success
+    (unknown tools and reads skipped), then a final sync. Each call is a mapping with ``name``,
+    ``arguments``, the recorded ``content`` and optionally ``requestor`` (default ``"assistant"``);
+    in ``strict`` mode an output that differs from the recorded one (both parsed as JSON when
+    possible) raises `ReplayMismatch`."""
     domain = get_domain(task.domain)
     db = initial_db(task, data_dir)
     for i, c in enumerate(calls):
-        if c["name"] not in domain.write_tools:
+        requestor = c.get("requestor") or "assistant"
+        if not domain.writes(requestor, c["name"]):
             continue
-        res = domain.execute(db, c["name"], c["arguments"])
+        res = domain.call(db, requestor, c["name"], c["arguments"])
         if strict and "content" in c and _parsed(res.content) != _parsed(c["content"]):
             raise ReplayMismatch(f"task {task.id!r}: call {i} ({c['name']}) re-executed to {res.content[:200]!r}; "
                                  f"the episode recorded {str(c['content'])[:200]!r}")
+    if domain.sync is not None:
+        domain.sync(db)
     return db
 
 
@@ -123,12 +147,29 @@ _TARGET_HASHES: dict[tuple[str, str, str], str] = {}
 
 
 def target_hash(task: Task, data_dir: str | Path | None = None) -> str:
-    """`db_hash` of `target_db`, cached per (data directory, task id, gold actions, initial state)."""
-    what = json.dumps([[a.name, a.arguments] for a in task.actions] + [task.initial_state], sort_keys=True)
-    key = (str(Path(data_dir or get_domain(task.domain).data_dir).resolve()), task.id, what)
+    """`Domain.state_hash` of `target_db`, cached per (data directory, task id, gold actions, initial
+    state)."""
+    what = json.dumps([[a.requestor, a.name, a.arguments] for a in task.actions] + [task.initial_state],
+                      sort_keys=True)
+    domain = get_domain(task.domain)
+    key = (str(Path(data_dir or domain.data_dir).resolve()), task.id, what)
     if key not in _TARGET_HASHES:
-        _TARGET_HASHES[key] = db_hash(target_db(task, data_dir))
+        _TARGET_HASHES[key] = domain.state_hash(target_db(task, data_dir))
     return _TARGET_HASHES[key]
+
+
+def env_assertion_reward(task: Task, state: dict) -> tuple[float, list[bool]]:
+    """ENV_ASSERTION: 1.0 when every env assertion of ``task`` holds on ``state`` (each run as
+    tau2's ``run_env_assertion``, which syncs ``state``: pass a state that may be synced, e.g. the
+    replayed final one), and which held. An assertion whose function raises counts as not held."""
+    domain = get_domain(task.domain)
+    held = []
+    for a in task.env_assertions:
+        try:
+            held.append(run_assertion(domain, state, a))
+        except Exception:   # noqa: BLE001 — tau2 would abort the evaluation: no credit
+            held.append(False)
+    return float(all(held)), held
 
 
 def _norm(text: str) -> str:
@@ -245,10 +286,15 @@ def score(task: Task, *, final_db: Mapping[str, Any], messages: Sequence[Mapping
     if mode not in SCORING_MODES:
         raise ValueError(f"mode={mode!r}: expected one of {', '.join(SCORING_MODES)}")
     texts = [m.get("content") or "" for m in messages if m.get("role") == "assistant"]
+    # every tool call of the trajectory, the agent's and (dual control) the customer's own
     calls = [(c["name"], c["arguments"]) for m in messages for c in (m.get("tool_calls") or ())]
-    comps = {"DB": float(db_hash(final_db) == target_hash(task, data_dir)),
+    domain = get_domain(task.domain)
+    comps = {"DB": float(domain.state_hash(final_db) == target_hash(task, data_dir)),
              "COMMUNICATE": communicate_reward(task, texts), "ACTION": action_reward(task, calls)}
-    basis = OFFLINE_BASIS if mode == "offline" else tuple(task.reward_basis)
+    if task.env_assertions or "ENV_ASSERTION" in task.reward_basis:
+        comps["ENV_ASSERTION"], held = env_assertion_reward(task, final_db)
+        details = {**(details or {}), "env_assertions": held}
+    basis = OFFLINE_BASIS if mode == "offline" and task.domain not in JUDGE_FREE else tuple(task.reward_basis)
     if "NL_ASSERTION" in basis or nl is not None:
         if nl is None:
             nl = 1.0 if not task.nl_assertions else None
@@ -269,6 +315,7 @@ def score(task: Task, *, final_db: Mapping[str, Any], messages: Sequence[Mapping
 
 
 __all__ = [
+    "JUDGE_FREE",
     "JUDGE_SYSTEM_PROMPT",
     "OFFLINE_BASIS",
     "SCORED_TERMINATIONS",
@@ -279,6 +326,7 @@ __all__ = [
     "action_matches",
     "action_reward",
     "communicate_reward",
+    "env_assertion_reward",
     "initial_db",
     "judge_messages",
     "judge_nl",

@@ -1,4 +1,4 @@
-"""tau2-bench as a registered family: ``env.kind=tau2`` with ``env.tau2.domain`` (retail, airline),
+"""tau2-bench as a registered family: ``env.kind=tau2`` with ``env.tau2.domain`` (retail, airline, telecom),
 and ``env.kind=tau2_retail``, the same family with the domain fixed to retail (today's configs).
 
 Settings are the run's ``env`` section: ``env.tau2`` (`Tau2Section`: data, split, task selection,
@@ -8,8 +8,8 @@ gold-action oracle's episodes (one per task); host agents for ``job=eval`` are `
 another), reported as avg@k and tau2's pass^1..pass^k (`jaxagent.envs.tau2.harness`).
 
 **Splits.** ``env.tau2.split`` is the split that is *evaluated* (``train``, the default, or
-``test``, the split the papers report: retail ships it, airline's is withheld and its absence is an
-error at config load); ``env.tau2.tasks`` selects among its tasks. *Training* (RL tasks, SFT
+``test``, the split the papers report: retail ships it, airline's and telecom's are withheld and
+their absence is an error at config load); ``env.tau2.tasks`` selects among its tasks. *Training* (RL tasks, SFT
 demonstrations) always draws from the train split, never from the test split: with split=train the
 same selection serves both (``env.train_tasks`` / ``env.test_tasks`` of it: no held-out set, the
 behaviour before there were splits); with split=test the first ``env.train_tasks`` of all train
@@ -20,6 +20,11 @@ evaluation, during training as in ``job=eval``.
 and batch of tool results is one); 200 is tau2's default (its command line's ``--max-steps``), and
 the papers' limit of 50 is ``env.tau2.max_steps=50``, the same count (a limit of 50 in a tau2 run
 can only be tau2's ``--max-steps 50``). ``env.tau2.max_errors`` (10) is tau2's error budget.
+
+**Telecom** (dual control): the customer acts on its own phone; ``customer=llm`` gives the LLM
+customer the 30 user tools through function calling, ``customer=scripted`` performs the device
+action the agent names. Its tasks need no judge: ``scoring=offline`` scores telecom by tau2's own
+basis (env assertions, x ACTION on transfer tasks), the same as ``scoring=tau2``.
 """
 
 from __future__ import annotations
@@ -47,17 +52,17 @@ class Tau2Section:
     """``env.tau2``: which tau2 domain and tasks, the customer, the scoring and the episode limits."""
 
     domain: str = _help(tau2.DEFAULT_DOMAIN, "the tau2 domain (env.kind=tau2): " + ", ".join(DOMAINS))
-    data_dir: str | None = _help(None, "the domain's tau2 data (db.json, policy.md, tasks_train.json, tasks_test.json); "
-                                        "null: the packaged copy")
+    data_dir: str | None = _help(None, "the domain's tau2 data (db.json or telecom's db.toml and user_db.toml, "
+                                        "policy.md, tasks_train.json, tasks_test.json); null: the packaged copy")
     split: Literal["train", "test"] = _help(
         "train", "the evaluated split: train (the shipped tasks) or test (the papers' split; retail ships it, airline's "
-                 "is withheld); training always uses train")
+                 "and telecom's are withheld); training always uses train")
     tasks: str = _help("all", "task selection: all, a slice start:stop of the file order, or ids a,b,c")
     customer: Literal["scripted", "llm"] = _help("scripted", "the deterministic scripted customer, or an LLM one")
     customer_llm: LLMUserConfig | None = _help(None, "customer=llm: the OpenAI-compatible endpoint playing it")
     scoring: Literal["offline", "tau2"] = _help(
-        "offline", "offline: DB x COMMUNICATE (classic tau-bench, no model call); tau2: each task's reward basis, "
-                   "NL assertions by env.tau2.judge")
+        "offline", "offline: DB x COMMUNICATE (classic tau-bench, no model call; telecom: its own basis, which needs "
+                   "no judge); tau2: each task's reward basis, NL assertions by env.tau2.judge")
     judge: LLMUserConfig | None = _help(None, "scoring=tau2: the OpenAI-compatible NL-assertion judge")
     max_steps: int = _help(200, "steps (agent messages, customer messages, tool-result batches) per episode: 200 is "
                                 "tau2's default (--max-steps), 50 the papers' limit")

@@ -1,9 +1,11 @@
 """tau2-bench tasks: parsed, validated and rendered (behaviour of tau2-bench at commit a2c0247).
 
 A task carries the customer's scenario (``user_scenario.instructions``: reason for call, known and
-unknown info, task instructions), the gold actions the evaluator replays, the strings the agent
-must communicate, the natural-language assertions for an LLM judge, and the reward basis (which
-components gate the reward). `load_task_set` reads a domain's split file (`SPLITS`: ``train``,
+unknown info, task instructions), the gold actions the evaluator replays (each with its requestor:
+the customer's own device actions in telecom), the strings the agent must communicate, the
+natural-language assertions for an LLM judge, the env assertions (telecom: functions of either
+side's toolkit that must return the expected bool), and the reward basis (which components gate
+the reward). `load_task_set` reads a domain's split file (`SPLITS`: ``train``,
 ``test``; the file is the domain's ``task_files`` entry, else ``tasks_<split>.json``) from the data
 directory (default: the domain's packaged copy) and checks every field it uses; a malformed file
 fails with an error that names the task, the field, the value and what was expected, and a split
@@ -32,15 +34,32 @@ class TaskError(ValueError):
     """A task file or task that does not have the expected shape."""
 
 
+REQUESTORS = ("assistant", "user")
+
+
 @dataclasses.dataclass(frozen=True)
 class Action:
     """A gold action: tool ``name`` with ``arguments``; ``compare_args`` as tau2's action check
-    uses it (None: the keys of the agent's call; ``()``: the name alone)."""
+    uses it (None: the keys of the agent's call; ``()``: the name alone); ``requestor``: whose tool
+    it is (``"user"``: the customer's own, in a dual-control domain)."""
 
     action_id: str
     name: str
     arguments: Mapping[str, Any]
     compare_args: tuple[str, ...] | None = None
+    requestor: str = "assistant"
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvAssertion:
+    """An env assertion (tau2's ``EnvAssertion``): ``func_name`` of the ``env_type`` side's toolkit
+    called with ``arguments`` must return a bool equal to ``assert_value``."""
+
+    env_type: str
+    func_name: str
+    arguments: Mapping[str, Any]
+    assert_value: bool = True
+    message: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +73,13 @@ class Task:
     reward_basis: tuple[str, ...]
     initial_state: Mapping[str, Any] | None = None
     domain: str = DEFAULT_DOMAIN  # the domain whose task file it came from
+    env_assertions: tuple[EnvAssertion, ...] = ()
 
     @property
     def write_actions(self) -> tuple[Action, ...]:
-        writes = get_domain(self.domain).write_tools
-        return tuple(a for a in self.actions if a.name in writes)
+        """The gold actions that write, either requestor's (`Domain.writes`)."""
+        domain = get_domain(self.domain)
+        return tuple(a for a in self.actions if domain.writes(a.requestor, a.name))
 
 
 def _where(i: int, tid: Any, field: str) -> str:
@@ -103,8 +124,28 @@ def parse_task(raw: Mapping[str, Any], i: int = 0, domain: str = DEFAULT_DOMAIN)
         if not isinstance(args, Mapping):
             raise TaskError(f"{w}.arguments={args!r}: expected an object")
         cmp = a.get("compare_args")
+        requestor = a.get("requestor") or "assistant"
+        if requestor not in REQUESTORS:
+            raise TaskError(f"{w}.requestor={requestor!r}: expected one of {', '.join(map(repr, REQUESTORS))}")
         actions.append(Action(str(a.get("action_id", f"{tid}_{j}")), a["name"], dict(args),
-                              None if cmp is None else _str_list(cmp, w + ".compare_args")))
+                              None if cmp is None else _str_list(cmp, w + ".compare_args"), requestor))
+    assertions = []
+    for j, e in enumerate(crit.get("env_assertions") or ()):
+        w = _where(i, tid, f"evaluation_criteria.env_assertions[{j}]")
+        if not isinstance(e, Mapping) or not isinstance(e.get("func_name"), str):
+            raise TaskError(f"{w}={e!r}: expected an object with a string 'func_name'")
+        if e.get("env_type") not in REQUESTORS:
+            raise TaskError(f"{w}.env_type={e.get('env_type')!r}: expected one of {', '.join(map(repr, REQUESTORS))}")
+        args = e.get("arguments") or {}
+        if not isinstance(args, Mapping):
+            raise TaskError(f"{w}.arguments={args!r}: expected an object")
+        value = e.get("assert_value", True)
+        if not isinstance(value, bool):
+            raise TaskError(f"{w}.assert_value={value!r}: expected true or false")
+        message = e.get("message")
+        if message is not None and not isinstance(message, str):
+            raise TaskError(f"{w}.message={message!r}: expected a string or null")
+        assertions.append(EnvAssertion(e["env_type"], e["func_name"], dict(args), value, message))
     basis = _str_list(crit.get("reward_basis") or ["DB", "COMMUNICATE"], _where(i, tid, "evaluation_criteria.reward_basis"))
     bad = [b for b in basis if b not in REWARD_COMPONENTS]
     if bad:
@@ -119,7 +160,7 @@ def parse_task(raw: Mapping[str, Any], i: int = 0, domain: str = DEFAULT_DOMAIN)
                 communicate_info=_str_list(crit.get("communicate_info"),
                                            _where(i, tid, "evaluation_criteria.communicate_info")),
                 nl_assertions=_str_list(crit.get("nl_assertions"), _where(i, tid, "evaluation_criteria.nl_assertions")),
-                reward_basis=basis, initial_state=init, domain=domain)
+                reward_basis=basis, initial_state=init, domain=domain, env_assertions=tuple(assertions))
 
 
 _CACHE: dict[tuple[str, str, str], dict[str, Task]] = {}
@@ -220,9 +261,11 @@ def render_scenario(task: Task) -> str:
 
 __all__ = [
     "INSTRUCTION_FIELDS",
+    "REQUESTORS",
     "REWARD_COMPONENTS",
     "SPLITS",
     "Action",
+    "EnvAssertion",
     "Task",
     "TaskError",
     "check_split",

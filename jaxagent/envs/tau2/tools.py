@@ -198,14 +198,16 @@ def make_tool_call_error(arguments: Mapping[str, Any]) -> str | None:
     return None
 
 
-def run_tool(toolkit: Any, names: Collection[str], name: str, arguments: Any) -> ToolResult:
+def run_tool(toolkit: Any, names: Collection[str], name: str, arguments: Any, *,
+             render: Callable[[Any], str] = render) -> ToolResult:
     """Run one tool call on ``toolkit`` (a domain's toolkit over the live database, mutated in place
     by write tools); never raises.
 
     Arguments that are not an object -> an error saying so; an argument named ``self``, ``tool_name``
     or ``requestor`` -> tau2's ``make_tool_call`` error (`make_tool_call_error`, before any lookup); a
     name outside ``names`` -> ``Error: Tool '<name>' not found.``; any exception of the call (tau2's messages, Python's argument errors, ...)
-    -> ``"Error: " + str(exc)``; otherwise the rendered result with ``error=False``.
+    -> ``"Error: " + str(exc)``; otherwise the result rendered by ``render`` (default `render`; a domain
+    whose results render differently passes its own) with ``error=False``.
     """
     if not isinstance(arguments, dict):
         return ToolResult(f"Error: the arguments of {name} must be a JSON object mapping parameter names "
@@ -231,15 +233,16 @@ def check_schemas(schemas: Any, toolkit_cls: type, names: Collection[str],
                   param_types: dict[str, dict[str, Any]] | None = None) -> None:
     """Raise ``ValueError`` unless ``schemas`` describe exactly the tools ``names`` of ``toolkit_cls``.
 
-    Each name once (any order); each tool's parameters are its method's, in signature order, all
-    required (tau2 omits ``required`` when there is no parameter), and each parameter's ``type`` (and
+    Each name once (any order); each tool's parameters are its method's, in signature order, the
+    required ones exactly those without a default (tau2 omits ``required`` when there is none), an
+    optional one's schema ``default`` equal to the method's, and each parameter's ``type`` (and
     ``items``) fits its annotation (``param_types``: annotation text -> schema keys; default str and
     list[str]). Descriptions are not checked: they are whatever tau2 wrote.
     """
     types = param_types or _PARAM_TYPES
     if not isinstance(schemas, (list, tuple)):
-        raise ValueError(f"tool schemas: expected a list, got {type(schemas).__name__}")
-    got = sorted(str(s.get("function", {}).get("name")) for s in schemas)
+        raise ValueError(f"tool schemas: expected a list, got {type(schemas).__name__}")  # noqa: TRY004 (a bad file)
+    got = sorted(str(s.get("function", {}).get("name")) if isinstance(s, dict) else repr(s) for s in schemas)
     if got != sorted(names):
         raise ValueError(f"tool schemas name {got}, the implemented tools are {sorted(names)}")
     for schema in schemas:
@@ -249,16 +252,21 @@ def check_schemas(schemas: Any, toolkit_cls: type, names: Collection[str],
             raise ValueError(f"tool schema {name}: not a function schema with an object of parameters")
         signature = inspect.signature(getattr(toolkit_cls, name)).parameters
         wanted = [p for p in signature if p != "self"]
+        required = [p for p in wanted if signature[p].default is inspect.Parameter.empty]
         props = params.get("properties", {})
-        if list(props) != wanted or params.get("required", []) != wanted:
+        if list(props) != wanted or params.get("required", []) != required:
             raise ValueError(f"tool schema {name}: parameters {list(props)} (required "
-                             f"{params.get('required', [])}) differ from the method's {wanted}")
+                             f"{params.get('required', [])}) differ from the method's {wanted} (required {required})")
         for p in wanted:
             annotation = str(signature[p].annotation)
             expected = types.get(annotation)
             if expected is None or any(props[p].get(k) != v for k, v in expected.items()):
                 raise ValueError(f"tool schema {name}: parameter {p} is {props[p].get('type')!r} "
                                  f"(items {props[p].get('items')!r}), the method takes {annotation}")
+            default = signature[p].default
+            if default is not inspect.Parameter.empty and props[p].get("default", inspect.Parameter.empty) != default:
+                raise ValueError(f"tool schema {name}: parameter {p} defaults to {props[p].get('default')!r}, "
+                                 f"the method's default is {default!r}")
 
 
 @functools.cache
