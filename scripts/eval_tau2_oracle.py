@@ -15,7 +15,9 @@ pass^k, components, scoring basis) and the broken variants' counts, then the Mar
 them (`jaxagent.envs.tau2.table.markdown_table`), then one JSON line: per run ``domain``, ``split``,
 ``tasks``, the oracle's ``reward`` and ``db`` means, ``pass_hat_1``.., terminations, ``broken_variants``
 (episodes), ``broken_by_kind``, ``broken_variants_scored_zero``, ``broken_reward_max``; ``missed``
-and ``leaked`` (counts) and the wall time. Writes one JSONL row per episode with ``--out``.
+and ``leaked`` (counts) and the wall time. Writes one JSONL row per episode with ``--out`` (and says
+where). Progress goes to stderr: a line every 5 s and one per domain and split (tasks done, the
+oracle's wins, the broken variants at 0, the ETA).
 Exit status 1 when the oracle misses a task or a broken variant scores above 0; 2 for a bad argument
 (an unknown domain, a split the named domain does not ship). Scoring mode: offline, not tau2's
 leaderboard scoring where a task's basis holds NL_ASSERTION (the summary names what it leaves out).
@@ -42,6 +44,9 @@ from jaxagent.envs.tau2.table import markdown_table
 from jaxagent.envs.tau2.tasks import SPLITS, check_split, load_task_set
 from jaxagent.rollout.runner import play
 
+PROGRESS_EVERY_S = 5.0
+"""Seconds between progress lines on stderr (and one when a domain's split is done)."""
+
 
 async def run(domain: str, split: str, data_dir: str | None, k: int) -> tuple[list[dict], list[dict], bool]:
     """The oracle's reports (k per task) and the broken variants' rows of one domain and split, and
@@ -53,11 +58,20 @@ async def run(domain: str, split: str, data_dir: str | None, k: int) -> tuple[li
         return Tau2Env(tasks, customer=scripted_customers(), data_dir=data_dir, domain=domain)
 
     oracle, broken = [], []
-    for tid, task in tasks.items():
+    start = last = time.perf_counter()
+    for i, (tid, task) in enumerate(tasks.items(), 1):
         for seed in range(k):
             oracle.append(await play(env(), OracleAgent(), tid, seed))
         for variant, turns in (broken_plans(task, data_dir) if has_broken else {}).items():
             broken.append(dict(_row(await play(env(), ScriptedAgent(turns), tid)), agent=variant))
+        now = time.perf_counter()
+        if now - last >= PROGRESS_EVERY_S or i == len(tasks):   # long work is never silent
+            last = now
+            wins = sum(is_success((r["score"] or {}).get("reward", 0.0)) for r in oracle)
+            eta = (now - start) / i * (len(tasks) - i)
+            print(f"[{domain}/{split}] {i}/{len(tasks)} tasks: oracle {wins}/{len(oracle)} at reward 1, broken "
+                  f"variants {sum(r['reward'] == 0.0 for r in broken)}/{len(broken)} at 0; {now - start:.0f} s, "
+                  f"ETA {eta:.0f} s", file=sys.stderr, flush=True)
     return oracle, broken, has_broken
 
 
@@ -126,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        print(f"episodes written to {args.out} ({len(rows)} rows)", file=sys.stderr)
     for d, s, t in missed:
         print(f"oracle missed reward 1 on {d}/{s} task {t}", file=sys.stderr)
     for d, s, t, v in leaked:
