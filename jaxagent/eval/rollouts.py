@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from jaxagent.envs.base import Environment
+from jaxagent.eval.progress import EpisodeProgress
 from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.runner import EpisodeConfig
@@ -30,14 +31,19 @@ from jaxagent.text.tokenizer import Tokenizer
 def evaluate(params: Any, engine: GenerationEngine, make_env: Callable[[], Environment], tokenizer: Tokenizer,
              tasks: Sequence[str], *, k: int, sampling: SamplingParams, key: jax.Array,
              episode: EpisodeConfig = EpisodeConfig(), success_threshold: float = 1.0,
-             processes: ProcessGroup | None = None) -> tuple[dict[str, Any], list[Trajectory]]:
+             processes: ProcessGroup | None = None, progress: EpisodeProgress | None = None
+             ) -> tuple[dict[str, Any], list[Trajectory]]:
+    """``k`` episodes of every task under ``params`` (see the module docstring): the metrics and the
+    trajectories, task-major. ``progress`` hears of each episode as it ends (its success)."""
     if k < 1:
         raise ValueError(f"k={k}: expected an integer >= 1")
     if not tasks:
         raise ValueError("tasks: empty; expected at least one task id")
     engine.set_params(params)
+    hook = None if progress is None else (
+        lambda t: progress.done(t.outcome_reward >= success_threshold - 1e-9))
     trajs = play_episodes(engine, make_env, tokenizer, tasks, group_size=k, sampling=sampling, key=key,
-                          config=episode, processes=processes)
+                          config=episode, processes=processes, on_episode=hook)
     metrics = episode_metrics(trajs, success_threshold)
     ok = np.asarray([t.outcome_reward >= success_threshold - 1e-9 for t in trajs]).reshape(len(tasks), k)
     metrics["k"] = k

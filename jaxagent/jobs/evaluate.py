@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 
+from jaxagent.eval.progress import EpisodeProgress
 from jaxagent.jobs.build import Run, episode_config, sampling_params, step_key
 from jaxagent.rollout.metrics import failure_causes
 from jaxagent.train.rl import SimulatorFailureBudget
@@ -29,13 +30,17 @@ def run_eval(run: Run, params, label: str, step: int, *, sampled: bool = True) -
     t0 = time.perf_counter()
     envs = run.make_env
     envs.record(True)  # families with per-episode reports (tau2 retail) keep this evaluation's
+    show = cfg.progress and run.processes.is_main
+    progress = EpisodeProgress(f"eval {label} (greedy)" if cfg.eval.temperature == 0 else f"eval {label}",
+                               len(tasks) * k, enabled=show)
     try:
         m, trajs = evaluate(params, run.engine, envs, run.tok, tasks, k=k,
                             sampling=sampling_params(cfg, run.tok, temperature=cfg.eval.temperature),
                             key=step_key(cfg.seed, "eval", step), episode=episode_config(cfg),
-                            success_threshold=cfg.rl.success_threshold, processes=run.processes)
+                            success_threshold=cfg.rl.success_threshold, processes=run.processes, progress=progress)
     finally:
         envs.record(False)
+        progress.close()
     # each process's reports are of its own episodes; in process order they are in episode order
     reports = [r for part in run.processes.gather(envs.drain()) for r in part]
     if reports:
@@ -48,10 +53,16 @@ def run_eval(run: Run, params, label: str, step: int, *, sampled: bool = True) -
         m.update(envs.summarize(reports, k=k))
     if sampled and cfg.eval.sampled_k and cfg.eval.agent == "policy" and cfg.env.spec.sampled_eval:
         # the distribution RL trains (rollout.temperature), beside the greedy figure: what RL fixes first
-        ms, strajs = evaluate(params, run.engine, run.make_env, run.tok, tasks, k=cfg.eval.sampled_k,
-                              sampling=sampling_params(cfg, run.tok),
-                              key=jax.random.fold_in(step_key(cfg.seed, "eval", step), 1), episode=episode_config(cfg),
-                              success_threshold=cfg.rl.success_threshold, processes=run.processes)
+        progress = EpisodeProgress(f"eval {label} (sampled, T={cfg.rollout.temperature:g})",
+                                   len(tasks) * cfg.eval.sampled_k, enabled=show)
+        try:
+            ms, strajs = evaluate(params, run.engine, run.make_env, run.tok, tasks, k=cfg.eval.sampled_k,
+                                  sampling=sampling_params(cfg, run.tok),
+                                  key=jax.random.fold_in(step_key(cfg.seed, "eval", step), 1),
+                                  episode=episode_config(cfg), success_threshold=cfg.rl.success_threshold,
+                                  processes=run.processes, progress=progress)
+        finally:
+            progress.close()
         m.update({f"sampled/{key}": ms[key] for key in ("success", "reward", "turns", "success_at_k_any", "k",
                                                          "success_by_task", "reward_by_task", "simulator_failures")})
         m["sampled/temperature"] = cfg.rollout.temperature
@@ -103,11 +114,15 @@ def run_host_eval(cfg) -> dict[str, Any]:
     host = cfg.env.spec.host_eval(ctx, HostEvalRequest(agent=e.agent, k=k, concurrency=e.concurrency,
                                                        temperature=e.temperature, endpoint=e.endpoint), setup)
 
+    progress = EpisodeProgress(f"eval {e.agent}", len(host.task_ids) * k, enabled=cfg.progress)
+
     async def main():
         try:
             return await play_tasks(setup.factory, host.agent, host.task_ids, k=k, concurrency=e.concurrency,
-                                    max_turns=host.max_turns)
+                                    max_turns=host.max_turns,
+                                    on_report=lambda agent, r: progress.done(_solved(r)))
         finally:
+            progress.close()
             if host.aclose is not None:
                 await host.aclose()
 
@@ -127,6 +142,11 @@ def run_host_eval(cfg) -> dict[str, Any]:
     if cfg.progress and result.text is not None:
         print(result.text(shown), file=sys.stderr, flush=True)
     return shown
+
+
+def _solved(report: Mapping[str, Any]) -> bool:
+    """A host episode's report counts as solved (reward 1 within 1e-6, tau2's ``is_success``)."""
+    return float((report.get("score") or {}).get("reward", 0.0)) >= 1.0 - 1e-6
 
 
 def write_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:

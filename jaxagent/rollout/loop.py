@@ -210,11 +210,20 @@ async def run_episodes(
     key: jax.Array,
     config: EpisodeConfig = EpisodeConfig(),
     first_group: int = 0,
+    on_episode: Callable[[Trajectory], None] | None = None,
 ) -> list[Trajectory]:
     """``group_size`` episodes per task, all concurrently; group ids follow the task order from
     ``first_group`` (the key of episode i of group g is ``fold_in(key, g * group_size + i)``), so
     a block of a task list played with its first group's index gives the episodes the whole list
-    gives for those tasks (`jaxagent.rollout.processes`)."""
+    gives for those tasks (`jaxagent.rollout.processes`). ``on_episode(trajectory)`` is called as
+    each episode ends (progress), in the order they end."""
+
+    async def watched(coro):
+        traj = await coro
+        if on_episode is not None:
+            on_episode(traj)
+        return traj
+
     coros = []
     ids = [g * group_size + i for g in range(first_group, first_group + len(tasks)) for i in range(group_size)]
     keys = turn_key_data(key, ids, config.max_turns) if ids else None
@@ -224,7 +233,7 @@ async def run_episodes(
             coros.append(run_episode(engine, make_env(), tokenizer, task_id=task, seed=i, group_id=g,
                                      sampling=sampling, key=key, config=config, session=f"{task}#{g}#{i}",
                                      turn_keys=keys[j]))
-    return list(await asyncio.gather(*coros))
+    return list(await asyncio.gather(*(watched(c) for c in coros)))
 
 
 __all__ = ["GEN_PROMPT_MARGIN", "EpisodeBudgetError", "PolicyAgent", "clip_reply", "run_episode",

@@ -133,15 +133,16 @@ class ProcessGroup:
 def play_episodes(engine: GenerationEngine, make_env: Callable[[], Environment], tokenizer: Tokenizer,
                   tasks: Sequence[str], *, group_size: int, sampling: SamplingParams, key: jax.Array,
                   config: EpisodeConfig = EpisodeConfig(), processes: ProcessGroup | None = None,
-                  ) -> list[Trajectory]:
+                  on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """`run_episodes` over ``processes``: this process plays its `share` of ``tasks`` (with the
     group ids and keys those groups have in the whole list) and every process returns all the
-    episodes, in task order. ``processes=None`` or one process: all of them, here."""
+    episodes, in task order. ``processes=None`` or one process: all of them, here.
+    ``on_episode``: called as each of this process's episodes ends."""
     processes = processes or ProcessGroup()
     mine = processes.share(len(tasks))
     trajs = asyncio.run(run_episodes(engine, make_env, tokenizer, list(tasks)[mine.start : mine.stop],
                                      group_size=group_size, sampling=sampling, key=key, config=config,
-                                     first_group=mine.start)) if len(mine) else []
+                                     first_group=mine.start, on_episode=on_episode)) if len(mine) else []
     if not processes.multi:
         return trajs
     return [t for part in processes.gather(trajs) for t in part]
