@@ -185,3 +185,11 @@ def test_a_second_local_policy_as_the_baseline(tmp_path):
     assert raws[0] != raws[1]  # other weights, other replies
     with pytest.raises(SystemExit, match="baseline_model=.*expected qd.baseline=policy"):
         main([*BASE, f"runs_dir={tmp_path}", "name=bad", f"qd.baseline_model={paths[1]}"])
+
+
+def test_progress_false_still_prints_the_results_table_and_where_the_files_are(tmp_path, capsys):
+    run, _ = _run(tmp_path, "quiet", "qd.benchmark=strategyqa", "qd.tasks=3", "qd.seeds=1")
+    err = capsys.readouterr().err
+    assert f"qd_eval: results in {run} (summary.json" in err
+    assert "treatment" in err and "baseline" in err   # the table's arms
+    assert "[qd treatment]" not in err                 # the live lines go with progress=false

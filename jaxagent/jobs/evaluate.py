@@ -132,8 +132,6 @@ def run_host_eval(cfg) -> dict[str, Any]:
     write_jsonl(run_dir / "tasks.jsonl", result.rows)
     summary = {"name": cfg.name, "job": "eval", "env": cfg.env.kind, "agent": e.agent, "agent_temperature": e.temperature,
                **result.summary, "wall_seconds": time.perf_counter() - t0}
-    summary["success_before"] = summary["success_after"] = summary["success"]
-    summary["steps"], summary["credit"] = 0, None
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     # The per-task figures stay in the files (summary.json's success_by_task, tasks.jsonl); what is
     # returned (and printed by the launcher) is the summary without them, plus where the files are.

@@ -176,8 +176,10 @@ def run_qd_eval(cfg: RunConfig) -> dict[str, Any]:
     summary["plots"] = [str(p.relative_to(run_dir)) for p in qd_report.plot(summary, run_dir / "plots")]
     summary["wall_seconds"] = time.perf_counter() - t0
     (run_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2, default=_json) + "\n")
-    if cfg.progress:
-        print(qd_report.summary_table(summary), file=sys.stderr, flush=True)
+    # the results table and where the files are, also with progress=false (only the live lines go)
+    print(qd_report.summary_table(summary), file=sys.stderr, flush=True)
+    print(f"qd_eval: results in {run_dir} (summary.json, tasks_<arm>.jsonl, runs_<arm>.jsonl, plots/)",
+          file=sys.stderr, flush=True)
     if "failure" in summary:
         raise TrainingFailed(summary["failure"])
     return summary
