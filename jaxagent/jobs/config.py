@@ -202,7 +202,7 @@ class RunConfig:
     # its attention is then sharp enough from the start for the copy the demonstrations need to
     # form within the SFT budget (docs/BENCHMARKS.md, the quickstart section).
     model: ModelSection = _field(default_factory=lambda: ModelSection(initializer_range=0.05))
-    tokenizer: str = helped(BUILTIN_TOKENIZER, "a tokenizer directory, or builtin:gyms")
+    tokenizer: str = helped(BUILTIN_TOKENIZER, "a tokenizer directory, a Hub id org/name[@revision], or builtin:gyms")
     mesh: MeshConfig = _field(default_factory=MeshConfig)
     # The quickstart's RL phase is the one scripts/bench_rl_learns.py measured to improve the SFT
     # policy over an lr = 0 control (docs/RESULTS.md, "RL that learns"): RL tasks drawn from 4096

@@ -1,5 +1,6 @@
 """What ``python -m jaxagent.launch`` does once the command line is parsed: load and check the
-config, run the job (or ``--dry-run``: plan it), and turn what stops a run into a `JobError` whose
+config (a Hugging Face Hub id in ``model.path`` / ``tokenizer`` becomes its local snapshot:
+`resolve_paths`), run the job (or ``--dry-run``: plan it), and turn what stops a run into a `JobError` whose
 kind heads the message the launcher exits with (``config error``, ``error``, ``simulator
 failure``, ``training failed``). `help_epilog` is the ``--help`` text after the options: the
 registered jobs, environments and credit terms, presets, config files and every key."""
@@ -74,9 +75,10 @@ def launch(config_file: str | None, overrides: Sequence[str], *, dry_run: bool =
     except configlib.ConfigError as e:
         raise JobError("config error", str(e)) from None
     try:
-        check_paths(cfg, dry_run=dry_run)
+        cfg, paths = resolve_paths(cfg, dry_run=dry_run)
+        check_paths(cfg, dry_run=dry_run, pending=[k for k, r in paths.items() if r.is_hub and r.path is None])
         if dry_run:
-            return plan(cfg)
+            return plan(cfg, paths)
         from jaxagent.models.sharding import initialize_distributed
 
         initialize_distributed(cfg.mesh)  # multi-host runs (docs/PODS.md): before any other JAX call
@@ -95,9 +97,14 @@ def launch(config_file: str | None, overrides: Sequence[str], *, dry_run: bool =
         raise JobError("training failed", str(e)) from None
 
 
-def plan(cfg: RunConfig) -> dict:
+def plan(cfg: RunConfig, paths: dict[str, Any] | None = None) -> dict:
     """Config valid, mesh shape, parameter count and per-device parameter bytes, through
-    `jax.eval_shape`; works for meshes larger than this machine (an abstract mesh)."""
+    `jax.eval_shape`; works for meshes larger than this machine (an abstract mesh). ``paths`` (from
+    `resolve_paths`) adds how each of ``model.path``, ``tokenizer`` ... resolves (``"paths"``: local,
+    hub-cache, hub: a run downloads it, missing). Before a download the shapes are the preset's,
+    and ``shapes_from`` says so."""
+    import dataclasses
+
     import jax
     import numpy as np
     from jax.sharding import AbstractMesh
@@ -114,19 +121,23 @@ def plan(cfg: RunConfig) -> dict:
     shape = cfg.mesh.shape(wanted)
     mesh = make_mesh(cfg.mesh, jax.devices()[:wanted]) if wanted <= here else AbstractMesh(shape, MESH_AXES)
     rules = LogicalRules(mesh)
+    from jaxagent.jobs.sections import BUILTIN_TOKENIZER
+    from jaxagent.models import preset
+
     shapes_from = "model.path" if cfg.model.path else "model.preset"
     if cfg.model.path is not None and (Path(cfg.model.path) / "config.json").exists():
         qcfg = model_config(cfg, 0)
     elif cfg.model.path is not None:
         # The checkpoint is not here yet (the usual case before downloading it): check the
         # rest with the preset's architecture and say so.
-        import dataclasses
-
-        from jaxagent.models import preset
-
-        shapes_from = f"model.preset={cfg.model.preset!r} (model.path={cfg.model.path!r} has no config.json here)"
+        shapes_from = (f"model.preset={cfg.model.preset!r} (model.path={cfg.model.path!r} not downloaded yet: "
+                       "no config.json here)")
         qcfg = preset(cfg.model.preset, dtype=model_config(dataclasses.replace(
             cfg, model=dataclasses.replace(cfg.model, path=None)), 64).dtype)
+    elif cfg.tokenizer != BUILTIN_TOKENIZER and not Path(cfg.tokenizer).is_dir():  # a Hub tokenizer, not here yet
+        shapes_from = (f"model.preset={cfg.model.preset!r} with its own vocabulary (tokenizer={cfg.tokenizer!r} "
+                       "not downloaded yet)")
+        qcfg = model_config(cfg, preset(cfg.model.preset).vocab_size)
     else:
         from jaxagent.jobs.build import build_tokenizer
 
@@ -152,26 +163,69 @@ def plan(cfg: RunConfig) -> dict:
     return {"config": "valid", "job": cfg.job, "name": cfg.name, "mesh": dict(zip(MESH_AXES, shape)),
             "devices_needed": math.prod(shape), "devices_here": here, "abstract_mesh": wanted > here,
             "parameters": count, "parameters_millions": round(count / 1e6, 2),
-            "param_bytes_per_device": per_device, "shapes_from": shapes_from, "credit": cfg.rl.credit, **lora}
+            "param_bytes_per_device": per_device, "shapes_from": shapes_from, "credit": cfg.rl.credit, **lora,
+            **({"paths": {k: r.describe() for k, r in paths.items()}} if paths else {})}
 
 
-def check_paths(cfg: RunConfig, *, dry_run: bool = False) -> None:
-    """``model.path`` and ``tokenizer`` exist. Before a download (``--dry-run``) a checkpoint
-    directory that is not here yet is let through, with the tokenizer when it is that same
-    directory: `dry_run` then takes the preset's shapes and says so."""
+def hub_refs(cfg: RunConfig) -> dict[str, str]:
+    """The keys set in ``cfg`` that may name a Hugging Face Hub id, with their values: ``model.path``,
+    ``tokenizer`` (not the builtin one), ``serve.adapter`` (job=serve), ``qd.baseline_model`` (job=qd_eval)."""
+    from jaxagent.jobs.sections import BUILTIN_TOKENIZER
+
+    refs = {"model.path": cfg.model.path, "tokenizer": None if cfg.tokenizer == BUILTIN_TOKENIZER else cfg.tokenizer,
+            "serve.adapter": cfg.serve.adapter if cfg.job == "serve" else None,
+            "qd.baseline_model": cfg.qd.baseline_model if cfg.job == "qd_eval" else None}
+    return {k: v for k, v in refs.items() if v is not None}
+
+
+def resolve_paths(cfg: RunConfig, *, dry_run: bool = False) -> tuple[RunConfig, dict[str, Any]]:
+    """Each of `hub_refs` that is a Hugging Face Hub id (``org/name[@revision]``, not a path here)
+    becomes its local snapshot directory, from the Hub cache or downloaded now (`jaxagent.hub.resolve`;
+    ``--dry-run`` downloads nothing), so that everything downstream reads local directories; job=serve
+    then names the model by its Hub id (unless ``serve.model_name`` is set). A Hub id that cannot be
+    had is a config error naming the key (a dry run reports it instead); a local path that does not
+    exist is left to `check_paths`. Returns the config and each key's `jaxagent.hub.Resolution`."""
+    import dataclasses
+
+    from jaxagent import hub
+
+    found: dict[str, hub.Resolution] = {}
+    for key, ref in hub_refs(cfg).items():
+        same = next((r for r in found.values() if r.ref == ref and r.status != "missing"), None)  # resolved once
+        res = dataclasses.replace(same, what=key) if same else hub.resolve(ref, what=key, download=not dry_run)
+        if res.status == "missing" and res.is_hub and not dry_run:
+            raise configlib.ConfigError(res.reason)
+        found[key] = res
+    for key, res in found.items():
+        if res.is_hub and res.path is not None and res.status != "missing":
+            section, _, name = key.rpartition(".")
+            value = dataclasses.replace(getattr(cfg, section), **{name: res.path}) if section else res.path
+            cfg = dataclasses.replace(cfg, **{section or name: value})
+    model = found.get("model.path")
+    if cfg.job == "serve" and cfg.serve.model_name is None and model is not None and model.is_hub:
+        cfg = dataclasses.replace(cfg, serve=dataclasses.replace(cfg.serve, model_name=model.repo_id))
+    return cfg, found
+
+
+def check_paths(cfg: RunConfig, *, dry_run: bool = False, pending: Sequence[str] = ()) -> None:
+    """``model.path`` and ``tokenizer`` exist (after `resolve_paths`: Hub ids are local directories
+    by now). Before a download (``--dry-run``) a checkpoint directory that is not here yet is let
+    through, with the tokenizer when it is that same directory or a Hub id not downloaded yet (its
+    key in ``pending``): `plan` then takes the preset's shapes and says so."""
     from jaxagent.jobs.sections import BUILTIN_TOKENIZER
 
     m = cfg.model
     model_absent = m.path is not None and not Path(m.path).is_dir()
     if model_absent and not dry_run:
         raise configlib.ConfigError(f"model.path={m.path!r}: not a directory; expected a Hugging Face checkpoint "
-                                    "directory (config.json + *.safetensors), or null for model.preset")
+                                    "directory (config.json + *.safetensors), a Hub id org/name[@revision], or null "
+                                    "for model.preset")
     if cfg.tokenizer != BUILTIN_TOKENIZER and not Path(cfg.tokenizer).is_dir():
         same = m.path is not None and Path(cfg.tokenizer).resolve() == Path(m.path).resolve()
-        if not (dry_run and model_absent and same):
+        if not (dry_run and (model_absent and same or "tokenizer" in pending)):
             raise configlib.ConfigError(f"tokenizer={cfg.tokenizer!r}: not a directory; expected a tokenizer (or "
                                         f"checkpoint) directory holding tokenizer.json, tokenizer_config.json or "
-                                        f"tokenizer.model, or {BUILTIN_TOKENIZER!r}")
+                                        f"tokenizer.model, a Hub id org/name[@revision], or {BUILTIN_TOKENIZER!r}")
 
 
 def check_processes(cfg: RunConfig) -> None:
@@ -204,4 +258,4 @@ def check_mesh(cfg: RunConfig) -> None:
 
 
 __all__ = ["JobError", "check_mesh", "check_paths", "check_processes", "config_files", "help_epilog", "help_width",
-           "launch", "plan"]
+           "hub_refs", "launch", "plan", "resolve_paths"]

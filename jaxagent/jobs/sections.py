@@ -60,7 +60,8 @@ class LoraSection:
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
     preset: str = helped("tiny-qwen2", "a preset name (see --help) used when path is null")
-    path: str | None = helped(None, "a local Hugging Face checkpoint directory (Qwen2/2.5/3)")
+    path: str | None = helped(None, "a Hugging Face checkpoint (Qwen2/2.5/3): a local directory, or a Hub id "
+                                    "org/name[@revision] (from the Hub cache, else downloaded)")
     hidden_size: int | None = None
     num_hidden_layers: int | None = None
     intermediate_size: int | None = None
