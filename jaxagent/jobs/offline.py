@@ -4,10 +4,15 @@
     python -m jaxagent.launch job=sft sft.data=runs/lab/sft.jsonl model.path=... name=stage1
     python -m jaxagent.launch job=dpo dpo.data=runs/lab/pairs.jsonl dpo.stage=2 model.path=runs/stage1/hf name=stage2
 
-Each row's prompt is rendered as the local questioner sees it (one user turn, the assistant's
-generation prompt, thinking disabled: `jaxagent.qd.agents.decision_prompt_ids`) and its completion
-as the questioner generates it (the target's tokens and the end-of-turn token: `completion_ids`),
-so what is trained is what is sampled. Rows longer than the length limit are left out and counted;
+The files hold job=qd_label's rows or pairs, or chat data in transformers / TRL's formats (SFT
+``messages`` or ``prompt`` + ``completion``; DPO ``prompt`` + ``chosen`` + ``rejected``, strings or
+messages), detected row by row, every row validated and a bad one refused with its file and line
+(`jaxagent.jobs.datasets`; docs/DATA.md). A string row's prompt is rendered as the local questioner
+sees it (one user turn, the assistant's generation prompt, thinking disabled:
+`jaxagent.qd.agents.decision_prompt_ids`) and its completion as the questioner generates it (the
+target's tokens and the end-of-turn token: `completion_ids`), so what is trained is what is sampled;
+a conversation as the rollout loop renders an episode (`jaxagent.rollout.demos.render_demo`), the
+loss on its assistant turns only. Rows longer than the length limit are left out and counted;
 a job left with nothing to train on stops with a non-zero exit. Checkpoints under
 ``checkpoints/<phase>/`` (``resume=true`` continues), the policy exported to ``hf/`` (a plain HF
 checkpoint; with ``model.lora`` the adapter merged into it) and with ``model.lora`` the adapter
@@ -28,6 +33,7 @@ import jax
 import numpy as np
 
 from jaxagent import configlib
+from jaxagent.jobs import datasets
 from jaxagent.jobs.build import build_model, build_tokenizer, write_export
 from jaxagent.jobs.config import RunConfig
 from jaxagent.jobs.phases import abstract, failure_record, resume_phase, sft_optim, skip_check, trainable
@@ -35,8 +41,6 @@ from jaxagent.jobs.runlog import RunLog
 from jaxagent.models import LogicalRules, make_mesh
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.sharding import batch_sharding
-from jaxagent.qd import labels
-from jaxagent.qd.agents import completion_ids, decision_prompt_ids
 from jaxagent.rollout.processes import ProcessGroup
 from jaxagent.text.tokenizer import Tokenizer
 from jaxagent.train.loop import Checkpointing, every, fit
@@ -73,15 +77,17 @@ def prepare_offline(cfg: RunConfig) -> OfflineRun:
 
 
 # ----------------------------------------------------------------------------- rows
-def sft_row_tokens(rows: list[labels.SFTRow], tok: Tokenizer, max_len: int) -> tuple[list[RowTokens], int]:
-    """(the rows that fit in ``max_len`` tokens, rendered; how many did not)."""
+def sft_row_tokens(rows: list, tok: Tokenizer, max_len: int, *,
+                   tool_schemas_in_prompt: bool = True) -> tuple[list[RowTokens], int]:
+    """(the rows that fit in ``max_len`` tokens, rendered: `jaxagent.jobs.datasets.sft_tokens`; how
+    many did not). ``rows``: `read_sft_data`'s located rows (or bare records)."""
     out, long = [], 0
     for r in rows:
-        prompt, completion = decision_prompt_ids(tok, r.prompt), completion_ids(tok, r.completion)
-        if len(prompt) + len(completion) > max_len:
+        row = datasets.sft_tokens(r, tok, tool_schemas_in_prompt=tool_schemas_in_prompt)
+        if len(row.prompt) + len(row.completion) > max_len:
             long += 1
             continue
-        out.append(RowTokens(prompt, completion, float(r.weight)))
+        out.append(row)
     return out, long
 
 
@@ -121,25 +127,31 @@ def run_sft_rows(cfg: RunConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     s = cfg.sft
     try:
-        rows = labels.read_sft_rows(s.data)
+        rows = datasets.read_sft_data(s.data)
     except OSError as e:
         raise configlib.ConfigError(f"sft.data={s.data!r}: {e.strerror or e}; expected a readable rows file "
-                                    "(job=qd_label's sft.jsonl or decisions.jsonl)") from None
+                                    "(job=qd_label's sft.jsonl or decisions.jsonl, or chat rows: docs/DATA.md)"
+                                    ) from None
     except ValueError as e:
         raise configlib.ConfigError(f"sft.data={s.data!r}: {e}") from None
+    if not rows:
+        raise configlib.ConfigError(f"sft.data={s.data!r}: no rows; expected at least one JSON row (docs/DATA.md)")
     run = prepare_offline(cfg)
-    data, long = sft_row_tokens(rows, run.tok, s.max_len)
+    try:
+        data, long = sft_row_tokens(rows, run.tok, s.max_len, tool_schemas_in_prompt=cfg.rollout.tool_schemas_in_prompt)
+    except ValueError as e:
+        raise configlib.ConfigError(f"sft.data={s.data!r}: {e}") from None
     if not data:
-        raise configlib.ConfigError(f"sft.data={s.data!r}: none of its {len(rows)} rows fits in sft.max_len={s.max_len} "
-                                    "tokens; expected rows (or a larger sft.max_len)")
+        raise configlib.ConfigError(f"sft.data={s.data!r}: none of its {len(rows)} rows fits in "
+                                    f"sft.max_len={s.max_len} tokens; expected rows (or a larger sft.max_len)")
     check_positions(max(len(r.prompt) + len(r.completion) for r in data), "sft.max_len", s.max_len, run.qcfg)
     batch = min(s.batch_size, len(data))
     if batch % s.microbatches:
         raise configlib.ConfigError(f"sft.microbatches={s.microbatches}: the {len(data)} rows make batches of {batch}; "
                                     "expected a divisor of it")
     steps = math.ceil(s.epochs * len(data) / batch) if s.epochs is not None else s.steps
-    optim = sft_optim(dataclasses.replace(cfg, sft=dataclasses.replace(
-        s, steps=steps, warmup_steps=math.ceil(s.warmup_ratio * steps) if s.warmup_ratio is not None else s.warmup_steps)))
+    warmup = math.ceil(s.warmup_ratio * steps) if s.warmup_ratio is not None else s.warmup_steps
+    optim = sft_optim(dataclasses.replace(cfg, sft=dataclasses.replace(s, steps=steps, warmup_steps=warmup)))
     tx = make_optimizer(optim)
     state = place_on_mesh(TrainState.create(run.params, tx, trainable=trainable(run.qcfg)), run.rules.mesh)
     ckpt = Checkpointer(run.run_dir / "checkpoints" / "sft", keep=cfg.checkpoint.keep,
@@ -168,7 +180,7 @@ def run_sft_rows(cfg: RunConfig) -> dict[str, Any]:
     exported = _export(run, state.model_params) if cfg.checkpoint.export_hf else []
     kinds: dict[str, int] = {}
     for r in rows:
-        kinds[r.kind] = kinds.get(r.kind, 0) + 1
+        kinds[datasets.record_kind(r.record)] = kinds.get(datasets.record_kind(r.record), 0) + 1
     summary = {"name": cfg.name, "job": "sft", "data": s.data, "rows": len(rows), "rows_by_kind": kinds,
                "rows_trained": len(data), "rows_too_long": long, "max_len": s.max_len, "steps": steps,
                "epochs": steps * batch / len(data), "batch_size": batch, "microbatches": s.microbatches,
@@ -182,18 +194,16 @@ def run_sft_rows(cfg: RunConfig) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- job=dpo
-def pair_tokens(pairs: list[labels.Pair], tok: Tokenizer, max_len: int):
-    """(the pairs that fit in ``max_len`` tokens, as `PairTokens`; how many did not)."""
-    from jaxagent.train.dpo import PairTokens
-
+def pair_tokens(pairs: list, tok: Tokenizer, max_len: int, *, tool_schemas_in_prompt: bool = True):
+    """(the pairs that fit in ``max_len`` tokens, as `PairTokens`: `jaxagent.jobs.datasets.pair_tokens`;
+    how many did not). ``pairs``: `read_pair_data`'s located pairs (or bare records)."""
     out, long = [], 0
     for p in pairs:
-        prompt = decision_prompt_ids(tok, p.prompt)
-        chosen, rejected = completion_ids(tok, p.chosen), completion_ids(tok, p.rejected)
-        if len(prompt) + max(len(chosen), len(rejected)) > max_len:
+        pair = datasets.pair_tokens(p, tok, tool_schemas_in_prompt=tool_schemas_in_prompt)
+        if len(pair.prompt) + max(len(pair.chosen), len(pair.rejected)) > max_len:
             long += 1
             continue
-        out.append(PairTokens(prompt, chosen, rejected))
+        out.append(pair)
     return out, long
 
 
@@ -207,20 +217,24 @@ def run_dpo(cfg: RunConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     d = cfg.dpo
     try:
-        in_file = labels.read_pairs(d.data)
+        in_file = datasets.read_pair_data(d.data)
     except OSError as e:
         raise configlib.ConfigError(f"dpo.data={d.data!r}: {e.strerror or e}; expected a readable pairs file "
-                                    "(job=qd_label's pairs.jsonl)") from None
+                                    "(job=qd_label's pairs.jsonl, or preference rows: docs/DATA.md)") from None
     except ValueError as e:
         raise configlib.ConfigError(f"dpo.data={d.data!r}: {e}") from None
-    chosen = labels.stage_pairs(in_file, d.stage)
+    chosen = datasets.stage_rows(in_file, d.stage)
     settings = DPOSettings(**d.settings_kwargs(), seed=cfg.seed)
     run = prepare_offline(cfg)
-    data, long = pair_tokens(chosen, run.tok, d.max_len)
+    try:
+        data, long = pair_tokens(chosen, run.tok, d.max_len, tool_schemas_in_prompt=cfg.rollout.tool_schemas_in_prompt)
+    except ValueError as e:
+        raise configlib.ConfigError(f"dpo.data={d.data!r}: {e}") from None
     if not data:
         raise configlib.ConfigError(
-            f"dpo.data={d.data!r}: no pair to train on ({len(in_file)} pairs, {len(chosen)} of stage dpo.stage={d.stage}, "
-            f"{long} longer than dpo.max_len={d.max_len}); expected pairs of the stage")
+            f"dpo.data={d.data!r}: no pair to train on ({len(in_file)} pairs, {len(chosen)} selected: the Q&D pairs of "
+            f"stage dpo.stage={d.stage} and every TRL-format pair; {long} longer than dpo.max_len={d.max_len}); "
+            "expected pairs to train on")
     check_positions(max(len(p.prompt) + max(len(p.chosen), len(p.rejected)) for p in data), "dpo.max_len", d.max_len,
                     run.qcfg)
     total = dpo_steps(len(data), settings)
@@ -257,7 +271,7 @@ def run_dpo(cfg: RunConfig) -> dict[str, Any]:
     exported = _export(run, params) if cfg.checkpoint.export_hf else []
     kinds: dict[str, int] = {}
     for p in chosen:
-        kinds[f"{p.kind}/{p.decided_by}"] = kinds.get(f"{p.kind}/{p.decided_by}", 0) + 1
+        kinds[datasets.record_kind(p.record)] = kinds.get(datasets.record_kind(p.record), 0) + 1
     first = history[0] if history else {}
     summary = {"name": cfg.name, "job": "dpo", "data": d.data, "stage": d.stage, "pairs_in_file": len(in_file),
                "pairs_of_stage": len(chosen), "pairs_by_kind": kinds, "pairs_trained": len(data),

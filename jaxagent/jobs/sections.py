@@ -202,8 +202,9 @@ class SFTSection:
         0.5, "stop (non-zero exit) once more than this share of the SFT updates were skipped for non-finite "
              "values (checked at each logged step once 4 were made, and at the end; 1: never)")
     data: str | None = helped(
-        None, "a JSONL of prompt-completion rows (job=qd_label's sft.jsonl or decisions.jsonl): job=sft trains on "
-              "them (completion-only loss, the rows' sample weights) instead of an environment's demonstrations")
+        None, "a JSONL of rows: job=qd_label's sft.jsonl or decisions.jsonl, or chat data in TRL's formats "
+              "('messages', or 'prompt' + 'completion'; docs/DATA.md): job=sft trains on them (the completions or the "
+              "assistant turns alone, Q&D rows' sample weights) instead of an environment's demonstrations")
     epochs: float | None = helped(None, "with sft.data: passes over the rows (sets the steps; null: sft.steps)")
     warmup_ratio: float | None = helped(None, "with sft.data: warmup as a share of the steps (null: sft.warmup_steps)")
     microbatches: int = helped(1, "with sft.data: gradient accumulation (sft.batch_size rows in this many parts)")
@@ -234,12 +235,14 @@ class SFTSection:
 
 @dataclasses.dataclass(frozen=True)
 class DPOSection:
-    """``job=dpo``: preference pairs (job=qd_label's pairs.jsonl) against the frozen initial policy."""
+    """``job=dpo``: preference pairs (job=qd_label's pairs.jsonl, or TRL's rows: docs/DATA.md) against the
+    frozen initial policy."""
 
-    data: str | None = helped(None, "the pairs (JSONL of jaxagent.qd.labels.Pair: job=qd_label's pairs.jsonl)")
+    data: str | None = helped(None, "the pairs: JSONL of job=qd_label's pairs.jsonl, or TRL's 'prompt' + 'chosen' + "
+                                    "'rejected' rows, strings or messages (docs/DATA.md)")
     stage: Literal[2, 3] = helped(
         2, "the Q&D stage's pairs: 2 = ask_ask pairs only; 3 = ask_ask + ask_stop + synthesised stop contrasts, "
-           "every pair decided by stop_done left out")
+           "every pair decided by stop_done left out (TRL-format pairs train at either stage)")
     beta: float = 0.1
     loss_type: Literal["sigmoid", "ipo"] = "sigmoid"
     label_smoothing: float = 0.0

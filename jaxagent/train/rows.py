@@ -1,6 +1,7 @@
 """Supervised training on prompt-completion rows with sample weights (the Q&D spec's stage 1, §4.3/§4.6).
 
-A row is (prompt tokens, completion tokens, weight): the loss is the completion tokens' negative
+A row is (prompt tokens, completion tokens, weight, optional mask over the completion: a
+conversation's assistant turns, docs/DATA.md): the loss is the trained completion tokens' negative
 log-likelihood, a masked token mean with each row's tokens weighted by its row's weight,
 
     loss = sum_b w_b sum_t m_bt nll_bt / sum_b w_b sum_t m_bt,
@@ -25,18 +26,34 @@ from jaxagent.train.step import LossFn, sequence_scores
 
 
 class RowTokens(NamedTuple):
+    """One row: ``prompt`` tokens (never trained), ``completion`` tokens, the row's ``weight`` and
+    ``mask``: per completion token whether the loss counts it (None: every completion token; a
+    multi-turn conversation's completion runs from its first trained turn to its last, the turns
+    between included and masked out)."""
+
     prompt: list[int]
     completion: list[int]
     weight: float = 1.0
+    mask: Sequence[bool] | None = None
+
+
+def _completion_mask(r: RowTokens) -> list[bool]:
+    if r.mask is None:
+        return [True] * len(r.completion)
+    if len(r.mask) != len(r.completion):
+        raise ValueError(f"RowTokens.mask: {len(r.mask)} flags for {len(r.completion)} completion tokens; expected "
+                         "one flag per completion token")
+    return [bool(m) for m in r.mask]
 
 
 def row_batch(rows: Sequence[RowTokens], idx, multiple: int = 64) -> dict[str, np.ndarray]:
     """``rows[idx]`` padded (`build_batch`): ``tokens`` and ``loss_mask`` [B, L] (1 on the
-    completion tokens only), ``weight`` [B, L] float32 (each row's weight on all its positions: every
-    batch leaf is [B, L], as `StepShardings` places them); L rounded up to ``multiple``."""
+    completion tokens only: those its ``mask`` flags when a row has one), ``weight`` [B, L] float32
+    (each row's weight on all its positions: every batch leaf is [B, L], as `StepShardings` places
+    them); L rounded up to ``multiple``."""
     picked = [rows[int(i)] for i in idx]
     batch = build_batch([Row(tokens=[*r.prompt, *r.completion],
-                             loss_mask=[False] * len(r.prompt) + [True] * len(r.completion)) for r in picked],
+                             loss_mask=[False] * len(r.prompt) + _completion_mask(r)) for r in picked],
                         multiple=multiple, noun="row")
     w_B1 = np.asarray([r.weight for r in picked], np.float32)[:, None]
     return {"tokens": batch.tokens_BL, "loss_mask": batch.loss_mask_BL,
