@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from jaxagent.envs.tau2.db import db_hash as _db_hash
+from jaxagent.envs.tau2 import db as tau2_db
 from jaxagent.envs.tau2.tools import ToolResult, make_tool_call_error
 
 USER_TOOLS_UNAVAILABLE = "Error: User tools not available"
@@ -84,7 +84,7 @@ class Domain:
     auth_tools: tuple[str, ...] = ()
     toolkit: Callable[[dict], Any] | None = None
     env_functions: frozenset[str] = frozenset()
-    db_hash: Callable[[dict], str] = _db_hash
+    db_hash: Callable[[dict], str] = tau2_db.db_hash
     user_db_hash: Callable[[dict], str | None] = _no_user_db
     execute_user: Callable[[dict, str, Any], Any] | None = None
     user_write_tools: frozenset[str] = frozenset()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jaxagent.envs.tau2 import db as _db
+from jaxagent.envs.tau2 import db as tau2_db
 from jaxagent.envs.tau2.domains.telecom import phone, tools
 from jaxagent.envs.tau2.domains.telecom.db import load_db
 from jaxagent.envs.tau2.tools import ToolResult
@@ -30,12 +30,12 @@ def load_state(data_dir: str | Path | None = None) -> dict:
 
 def db_hash(state: dict) -> str:
     """tau2's ``get_db_hash``: the provider database's hash."""
-    return _db.db_hash(state["db"])
+    return tau2_db.db_hash(state["db"])
 
 
 def user_db_hash(state: dict) -> str:
     """tau2's ``get_user_db_hash``: the phone's hash (device and surroundings)."""
-    return _db.db_hash(state["user_db"])
+    return tau2_db.db_hash(state["user_db"])
 
 
 def execute(state: dict, name: str, arguments: Any) -> ToolResult:
