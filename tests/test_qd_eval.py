@@ -193,3 +193,6 @@ def test_progress_false_still_prints_the_results_table_and_where_the_files_are(t
     assert f"qd_eval: results in {run} (summary.json" in err
     assert "treatment" in err and "baseline" in err   # the table's arms
     assert "[qd treatment]" not in err                 # the live lines go with progress=false
+    # the comparison names its two tests (they can disagree) and the deepest need has its unit
+    assert "decided=" not in err and "BCa CI excl. 0:" in err and "sign-flip p" in err
+    assert "deepest need (hops)" in err

@@ -315,3 +315,31 @@ def test_cli_writes_plots_and_prints_diagnostics(tmp_path, capsys):
     assert json.loads(out[out.index("{"):])["final_success"] == 0.6
     assert (run / "plots" / "turns_length.png").exists() and list((run / "tb").rglob("events.out.tfevents.*"))
     assert math.isfinite(_png_size(run / "plots" / "reward.png")[0])
+
+
+def test_sft_loss_draws_one_line_when_loss_is_the_nll_and_two_when_they_differ():
+    same = [_sft(i, 2.0 - 0.1 * i) for i in range(5)]
+    (ax,) = report.sft_loss_figure(same).axes
+    assert [ln.get_label() for ln in ax.lines] == ["loss (= NLL)"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["loss (= NLL)"]
+    # float32 rounding between two reductions of the same mean is still one curve
+    rounded = [dict(r, nll=r["nll"] * (1 + 3e-7)) for r in same]
+    assert len(report.sft_loss_figure(rounded).axes[0].lines) == 1
+    # a real difference (another aggregation, row weights) draws both
+    differ = [dict(r, loss=r["loss"] + 0.01) for r in same]
+    (ax,) = report.sft_loss_figure(differ).axes
+    assert [ln.get_label() for ln in ax.lines] == ["loss", "NLL (token mean)"]
+    # logged at different steps: not the same curve
+    gap = [dict(r, nll=None) if r["step"] == 2 else r for r in same]
+    assert len(report.sft_loss_figure(gap).axes[0].lines) == 2
+    # only one of them logged: that one
+    (ax,) = report.sft_loss_figure([{k: v for k, v in r.items() if k != "nll"} for r in same]).axes
+    assert [ln.get_label() for ln in ax.lines] == ["loss"]
+
+
+def test_loss_equals_nll_threshold():
+    x = np.array([5.0, 1.0, np.nan])
+    assert report.loss_equals_nll(x, x.copy())
+    assert report.loss_equals_nll(x, x + 4e-5)              # 4e-5 <= 1e-5 * max(1, 5)
+    assert not report.loss_equals_nll(x, x + 6e-5)
+    assert not report.loss_equals_nll(np.full(3, np.nan), np.full(3, np.nan))

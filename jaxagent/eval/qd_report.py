@@ -157,45 +157,107 @@ def _compare(a, b, resamples: int, seed: int) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- plots and the table
 def plot(summary: Mapping[str, Any], out_dir: Path) -> list[Path]:
-    """``frontier.png`` (coverage vs retrieval calls per arm) and ``coverage_by_depth.png``."""
+    """``frontier.png`` (`frontier_figure`) and ``coverage_by_depth.png`` (`depth_figure`)."""
     arms = summary.get("arms") or {}
     if not arms:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    return [save_figure(frontier_figure(summary), out_dir / "frontier.png"),
+            save_figure(depth_figure(summary), out_dir / "coverage_by_depth.png")]
+
+
+def _caps_label(caps: Sequence[int]) -> str:
+    caps = sorted(caps)
+    return f"cap {caps[0]}" if len(caps) == 1 else "caps " + ", ".join(str(c) for c in caps)
+
+
+#: where a frontier label goes, in points from its point, tried in turn until it overlaps no
+#: label placed before it: below right, above right, then further down / up
+_LABEL_OFFSETS = [(3, -9), (3, 3)] + [(3, sign * (9 + 8 * k)) for k in range(1, 8) for sign in (-1, 1)]
+
+
+def _separate_labels(fig, texts) -> None:
+    """Moves each annotation of ``texts`` (in order) to the first `_LABEL_OFFSETS` offset where its
+    box overlaps none placed before it (the last offset tried when none is free)."""
+    fig.canvas.draw()  # lays the figure out: the boxes below are where the labels will be drawn
+    renderer = fig.canvas.get_renderer()
+    placed = []
+    for t in texts:
+        for off in _LABEL_OFFSETS:
+            t.xyann = off
+            box = t.get_window_extent(renderer)
+            if not any(box.overlaps(b) for b in placed):
+                break
+        placed.append(t.get_window_extent(renderer))
+
+
+def frontier_figure(summary: Mapping[str, Any]):
+    """Coverage against retrieval calls per arm, one point per cap. Caps an arm reaches at the same
+    point (no run used the extra budget) share one label ("caps 8, 12, 16"), in the arm's colour;
+    labels that would overlap another are moved (`_separate_labels`)."""
+    arms = summary.get("arms") or {}
     fig, (ax,) = new_figure()
+    texts = []
     for arm, s in arms.items():
         pts = s.get("frontier") or []
-        if pts:
-            ax.plot([p["calls"] for p in pts], [p["coverage"] for p in pts], marker="o",
-                    label=f"{arm}: {s.get('questioner')}")
-            for p in pts:
-                ax.annotate(f"cap {p['cap']}", (p["calls"], p["coverage"]), fontsize=7, xytext=(3, -9),
-                            textcoords="offset points")
+        if not pts:
+            continue
+        (line,) = ax.plot([p["calls"] for p in pts], [p["coverage"] for p in pts], marker="o",
+                          label=f"{arm}: {s.get('questioner')}")
+        at: dict[tuple[float, float], list[int]] = {}
+        for p in pts:  # the caps at each distinct point (rounded well below a pixel)
+            at.setdefault((round(p["calls"], 6), round(p["coverage"], 6)), []).append(p["cap"])
+        for xy, caps in at.items():
+            texts.append(ax.annotate(_caps_label(caps), xy, fontsize=7, xytext=_LABEL_OFFSETS[0],
+                                     textcoords="offset points", color=line.get_color()))
     ax.set(xlabel="retrieval calls (mean per task)", ylabel="required-evidence coverage",
            title=f"{summary.get('benchmark')}: budget frontier ({summary.get('tasks')} tasks)")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
-    written.append(save_figure(fig, out_dir / "frontier.png"))
+    _separate_labels(fig, texts)
+    return fig
+
+
+def depth_figure(summary: Mapping[str, Any]):
+    """Coverage by need depth per arm: bars grouped at the depths present (integer ticks, each with
+    its need count). A depth where an arm resolved nothing gets a short line at 0 in the arm's colour
+    (a zero-height bar would be invisible), so every legend entry stands for something drawn; an arm
+    with no need at any depth is left out of the legend."""
+    arms = summary.get("arms") or {}
     fig, (ax,) = new_figure()
-    width = 0.8 / len(arms)
+    width = 0.8 / max(1, len(arms))
+    present: dict[int, Any] = {}
     for j, (arm, s) in enumerate(arms.items()):
         cells = s.get("coverage_by_depth") or {}
-        depths = sorted(cells, key=int)
-        ax.bar([int(d) + j * width for d in depths], [cells[d]["coverage"] for d in depths], width=width,
-               label=f"{arm}: {s.get('questioner')}")
-        if j == 0:
-            for d in depths:
-                ax.annotate(f"n={cells[d]['needs']}", (int(d), 0.02), fontsize=7)
-    ax.set(xlabel="need depth (longest rule)", ylabel="needs resolved (share)", ylim=(0, 1),
+        depths = sorted(int(d) for d in cells)
+        xs = [d + (j - (len(arms) - 1) / 2) * width for d in depths]
+        ys = [cells[str(d)]["coverage"] for d in depths]
+        drawn = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
+        color = f"C{j}"
+        label = f"{arm}: {s.get('questioner')}" if drawn else None
+        if drawn and all(y == 0 for _, y in drawn):
+            label += " (0 at every depth)"
+        ax.bar([x for x, _ in drawn], [y for _, y in drawn], width=width, color=color, label=label)
+        zero = [x for x, y in drawn if y == 0]
+        if zero:
+            ax.hlines([0.0] * len(zero), [x - width / 2 for x in zero], [x + width / 2 for x in zero],
+                      colors=color, lw=3, clip_on=False, zorder=3)
+        for d in depths:
+            present.setdefault(d, cells[str(d)].get("needs"))
+    ticks = sorted(present)
+    ax.set_xticks(ticks, [f"{d}\nn={present[d]}" if present[d] is not None else str(d) for d in ticks])
+    if ticks:
+        ax.set_xlim(ticks[0] - 0.6, ticks[-1] + 0.6)
+    ax.set(xlabel=f"need depth: hops from a seed need ({summary.get('depth_rule') or 'longest'} rule); "
+                  "n = needs of that depth over the tasks",
+           ylabel="needs resolved (share)", ylim=(0, 1.05),
            title=f"{summary.get('benchmark')}: coverage by depth (drafter: {summary.get('drafter')})")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
-    written.append(save_figure(fig, out_dir / "coverage_by_depth.png"))
-    return written
+    return fig
 
 
-_ROWS = [("coverage", "coverage"), ("need recall", "need_recall"), ("DWR", "dwr"), ("deepest need", "deepest"),
+_ROWS = [("coverage", "coverage"), ("need recall", "need_recall"), ("DWR", "dwr"), ("deepest need (hops)", "deepest"),
          ("breadth (lines)", "breadth"), ("out-of-order (edge)", "out_of_order_edge"),
          ("answer F1", "answer_f1"), ("questions per task", "questions_per_task"),
          ("question words", "question_words_mean")]
@@ -205,27 +267,59 @@ def _fmt(x) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
 
 
+def _decided(c: Mapping[str, Any]) -> str:
+    v = c.get("decided")
+    return "-" if v is None else ("yes" if v else "no")
+
+
+def _p(x) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "p=-"
+    return f"p={x:.3f}" if x >= 0.001 else "p<0.001"
+
+
+def _signed(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.3f}"
+
+
+#: the comparison rows whose name alone gives no unit
+_COMPARE_NAMES = {"deepest": "deepest (hops)"}
+
+
 def summary_table(summary: Mapping[str, Any]) -> str:
     """The printed table: each arm's own-stop readings and stop rates; with a comparison, the
-    equal-spend and own-stop differences with their intervals."""
+    equal-spend and own-stop differences with their intervals, each with its two separate tests
+    (the "decided" column: whether every one of the three 50,000-resample BCa 95% intervals excludes
+    0; the sign-flip p) named as such, since the two can disagree."""
     arms = summary.get("arms") or {}
     names = list(arms)
     head = (f"Q&D {summary.get('benchmark')}: {summary.get('tasks')} tasks x {len(summary.get('seeds', []))} seeds, "
             f"drafter {summary.get('drafter')}, answerer {summary.get('answerer')}")
-    lines = [head, "own stop            | " + " | ".join(f"{n}: {arms[n].get('questioner')}" for n in names)]
+    w = max(len(label) for label, _ in _ROWS) + 1
+    lines = [head, f"{'own stop':<{w}}| " + " | ".join(f"{n}: {arms[n].get('questioner')}" for n in names)]
     for label, key in _ROWS:
-        lines.append(f"{label:<20}| " + " | ".join(_fmt(arms[n].get(key)) for n in names))
+        lines.append(f"{label:<{w}}| " + " | ".join(_fmt(arms[n].get(key)) for n in names))
     for label, key in (("stop when done", "stop_when_done"), ("ask when not done", "ask_when_not_done")):
-        lines.append(f"{label:<20}| " + " | ".join(_fmt((arms[n].get("stop") or {}).get(key)) for n in names))
+        lines.append(f"{label:<{w}}| " + " | ".join(_fmt((arms[n].get("stop") or {}).get(key)) for n in names))
+    rule = summary.get("depth_rule") or "longest"
+    lines.append(f"deepest need (hops): the deepest resolved need's depth, in edges from a seed need ({rule} path; "
+                 "a seed need is 0, -1 when none is resolved)")
     comp = summary.get("comparison")
     if comp:
-        lines.append("treatment - baseline (BCa 95% over tasks; decided = three 50k runs exclude 0)")
-        for part in ("equal_spend", "length_control", "own_stop"):
-            for name, c in comp.get(part, {}).items():
-                iv = c.get("interval") or (math.nan, math.nan)
-                lines.append(f"  {part} {name:<14} {_fmt(c.get('mean_diff'))} [{_fmt(iv[0])}, {_fmt(iv[1])}] "
-                             f"decided={c.get('decided')} p={_fmt(c.get('p'))} mde={_fmt(c.get('mde'))} "
-                             f"n={c.get('n_tasks')}")
+        lines.append("treatment - baseline, paired by task: mean diff [BCa 95% interval over tasks] and two separate "
+                     "tests, which can disagree near the edge:")
+        lines.append("  BCa CI excl. 0 = all three 50k-resample BCa 95% intervals (seeds 101/202/303) exclude 0 "
+                     "(summary.json's 'decided');")
+        lines.append("  sign-flip p = two-sided sign-flip permutation test of the task differences; "
+                     "MDE = minimum detectable effect (80% power, two-sided 0.05); n = tasks")
+        rows = [(part, _COMPARE_NAMES.get(name, name), c) for part in ("equal_spend", "length_control", "own_stop")
+                for name, c in comp.get(part, {}).items()]
+        wn = max((len(f"{part} {name}") for part, name, _ in rows), default=0)
+        for part, name, c in rows:
+            iv = c.get("interval") or (math.nan, math.nan)
+            diff = f"{_signed(c.get('mean_diff'))} [{_signed(iv[0])}, {_signed(iv[1])}]"
+            lines.append(f"  {f'{part} {name}':<{wn}}  {diff:<24}  BCa CI excl. 0: {_decided(c):<3}  "
+                         f"sign-flip {_p(c.get('p')):<7}  MDE={_fmt(c.get('mde'))}  n={c.get('n_tasks')}")
     return "\n".join(lines)
 
 

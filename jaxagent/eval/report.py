@@ -26,7 +26,8 @@ Outputs:
       action turn) over RL iterations (x), from ``info/gain_by_turn`` (as in the InfoPO paper's
       Figure 6); grey cells are turn indices with no value in that iteration (no episode reached
       that turn), as the note under the plot says;
-    * ``sft_loss.png`` (`sft_loss_figure`): SFT loss (and NLL) per SFT step, from 0.
+    * ``sft_loss.png`` (`sft_loss_figure`): SFT loss and NLL per SFT step, from 0: one line,
+      "loss (= NLL)", when they are the same curve (`loss_equals_nll`), two when they differ.
     * ``rl_diagnostics.png`` (`diagnostics_figure`): the gradient's signal-to-noise, KL to the old
       and reference policies, clip fraction, entropy and credit coverage per RL iteration.
   Iteration and step axes have integer ticks. A plot whose data is absent is not written; the
@@ -415,18 +416,41 @@ def infogain_figure(metrics: Sequence[Mapping[str, Any]]):
     return fig
 
 
+#: loss and NLL are drawn as one line when every step's |loss - nll| is at most this share of
+#: max(1, the largest |value|): both are float32 means of the same token NLLs when SFT has no other
+#: loss term (token_mean aggregation, unit row weights), so they differ only by summation order
+#: (~1e-7 relative); any real difference (another aggregation, row weights) is orders larger, and
+#: 1e-5 of the axis is far below a pixel.
+LOSS_EQUALS_NLL_RTOL = 1e-5
+
+
+def loss_equals_nll(loss: np.ndarray, nll: np.ndarray) -> bool:
+    """Whether the SFT ``loss`` and ``nll`` series ([steps], NaN = not logged) are the same curve:
+    logged at the same steps and within `LOSS_EQUALS_NLL_RTOL` there."""
+    have_l, have_n = np.isfinite(loss), np.isfinite(nll)
+    if not have_l.any() or not np.array_equal(have_l, have_n):
+        return False
+    scale = max(1.0, float(np.abs(loss[have_l]).max()), float(np.abs(nll[have_n]).max()))
+    return float(np.abs(loss[have_l] - nll[have_n]).max()) <= LOSS_EQUALS_NLL_RTOL * scale
+
+
 def sft_loss_figure(metrics: Sequence[Mapping[str, Any]]):
-    """``sft_loss.png``'s figure (None without SFT records): loss (and NLL) per SFT step, from 0."""
+    """``sft_loss.png``'s figure (None without SFT records): loss and NLL per SFT step, from 0 --
+    one line, "loss (= NLL)", when they are the same curve (`loss_equals_nll`: the loss is the token-mean
+    NLL itself), two when they differ."""
     sft = _phase(metrics, "sft")
     loss, nll = _series(sft, "loss"), _series(sft, "nll")
     if not (np.isfinite(loss).any() or np.isfinite(nll).any()):
         return None
     fig, (ax,) = new_figure()
     xs = _steps(sft)
-    if np.isfinite(loss).any():
-        ax.plot(xs, loss, color="tab:blue", lw=1.5, label="loss")
-    if np.isfinite(nll).any():
-        ax.plot(xs, nll, color="tab:gray", lw=1.0, ls="--", label="nll")
+    if loss_equals_nll(loss, nll):
+        ax.plot(xs, loss, color="tab:blue", lw=1.5, label="loss (= NLL)")
+    else:
+        if np.isfinite(loss).any():
+            ax.plot(xs, loss, color="tab:blue", lw=1.5, label="loss")
+        if np.isfinite(nll).any():
+            ax.plot(xs, nll, color="tab:gray", lw=1.0, ls="--", label="NLL (token mean)")
     ax.set_xlabel("SFT step")
     ax.set_ylabel("loss")
     ax.set_title("SFT loss")
@@ -520,6 +544,16 @@ def _fmt(v: float | None, sign: bool = False) -> str:
         return "-"
     spec = ".1f" if abs(v) >= 100 else ".3f"
     return format(v, ("+" if sign else "") + spec)
+
+
+def eval_table(result: Mapping[str, Any],
+               keys: Sequence[str] = ("success", "sampled/success", "reward", "sampled/reward", "turns",
+                                      "response_tokens")) -> str:
+    """A fixed-width ``metric | value`` table of one evaluation (job=eval), one row per key present."""
+    rows = [("metric", "value")] + [(k, _fmt(_finite(result.get(k)))) for k in keys if k in result]
+    w = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    lines = [f"{a.ljust(w[0])} | {b.rjust(w[1])}" for a, b in rows]
+    return "\n".join([lines[0], "-" * w[0] + "-+-" + "-" * w[1]] + lines[1:])
 
 
 def summary_table(before: Mapping[str, Any], after: Mapping[str, Any],
