@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         out = launch(args.config, [expand_alias(o) for o in args.overrides], dry_run=args.dry_run)
     except JobError as e:
         raise SystemExit(f"{e.kind}: {e}") from None
-    print(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2), flush=True)
+    if not args.dry_run and out.get("run_dir"):  # last, below the summary: where everything is
+        print(f"[launch] results in {out['run_dir']}/ (summary.json and the run's files)", file=sys.stderr)
     return 0
 
 

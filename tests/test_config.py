@@ -43,6 +43,13 @@ def test_paper_scale_config():
     ("name=a/b", ["name='a/b'"]),
     ("steps=many", ["steps", "'many'", "int"]),
     ("model.initializer_range=0", ["model", "initializer_range=0", "positive"]),
+    # every learning rate is checked as optim.lr is: finite and >= 0
+    ("sft.lr=-0.1", ["sft.lr=-0.1", "finite number >= 0"]),
+    ("sft.lr=nan", ["sft.lr=nan", "finite number >= 0"]),
+    ("dpo.lr=-1", ["dpo.lr=-1", "finite number >= 0"]),
+    ("dpo.lr=inf", ["dpo.lr=inf", "finite number >= 0"]),
+    ("optim.lr=nan", ["optim.lr=nan", "finite number >= 0"]),
+    ("log.wandb_mode=cloud", ["log.wandb_mode", "'cloud'", "'offline'"]),
 ])
 def test_bad_values_name_the_key(override, words):
     with pytest.raises(configlib.ConfigError) as e:

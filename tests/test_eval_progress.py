@@ -16,9 +16,10 @@ def test_lines_off_a_terminal_at_the_first_episode_at_most_every_interval_and_at
         p.done(ok)
     p.close()
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2   # the first episode, then the last (the interval never elapsed)
-    assert lines[0].startswith("[eval before] 1/4 episodes, success 1.000 so far, ")
-    assert lines[1].startswith("[eval before] 4/4 episodes, success 0.750 so far, ") and "ETA 0 s" in lines[1]
+    assert len(lines) == 3   # the start, the first episode, then the last (the interval never elapsed)
+    assert lines[0] == "[eval before] 0/4 episodes started"
+    assert lines[1].startswith("[eval before] 1/4 episodes, success 1.000 so far, ")
+    assert lines[2].startswith("[eval before] 4/4 episodes, success 0.750 so far, ") and "ETA 0 s" in lines[2]
 
 
 def test_disabled_it_shows_nothing_but_still_counts():
@@ -47,3 +48,8 @@ def test_a_host_evaluation_shows_progress_and_ends_saying_where_its_files_are(tm
     assert "[eval oracle] 3/3 episodes, success 1.000 so far" in out.stderr
     summary = json.loads(out.stdout[out.stdout.index("{"):])
     assert summary["files"]["summary.json"] == str(tmp_path / "eval-tau2_telecom" / "summary.json")
+    # the first line says what runs and where; the last, where the results are
+    lines = out.stderr.strip().splitlines()
+    assert lines[0] == (f"[launch] job=eval env.kind=tau2 writes {tmp_path / 'eval-tau2_telecom'}/; building the model "
+                        "and environment")
+    assert lines[-1].startswith(f"[launch] results in {tmp_path / 'eval-tau2_telecom'}/")

@@ -234,8 +234,8 @@ def test_polarity_map_reaches_faca(episodes):
     default = _trainer("faca", faca=FacaConfig())
     muted = _trainer("faca", faca=FacaConfig(polarity={"clarify_request": 0}))
     key = jax.random.key(0)
-    b0, _, _, _ = default._credit(list(episodes), key, 3)
-    b1, _, _, d1 = muted._credit(list(episodes), key, 3)
+    b0, _, _, _, _ = default._credit(list(episodes), key, 3)
+    b1, _, _, d1, _ = muted._credit(list(episodes), key, 3)
     pol0, pol1 = np.asarray(b0.segment_polarity_BQ), np.asarray(b1.segment_polarity_BQ)
     muted_cells = (pol0 == -1) & (pol1 == 0)  # the random policy's text draws clarify requests
     assert muted_cells.any() and ((pol0 == pol1) | muted_cells).all()

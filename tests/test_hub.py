@@ -212,7 +212,7 @@ def test_the_launcher_replaces_hub_ids_by_their_snapshots(offline_cache, no_netw
 def test_dry_run_reports_each_path(offline_cache, no_network, capsys):
     assert main(["--dry-run", "job=eval", "model.path=org/name", "tokenizer=org/name@v1"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["config"] == "valid" and out["shapes_from"] == "model.path"
+    assert out["config"] == out["verdict"] == "valid" and out["shapes_from"] == "model.path"
     assert {k: (v["status"], v["path"]) for k, v in out["paths"].items()} == {
         "model.path": ("hub-cache", snapshot(offline_cache, MAIN)),
         "tokenizer": ("hub-cache", snapshot(offline_cache, TAGGED))}
@@ -221,6 +221,8 @@ def test_dry_run_reports_each_path(offline_cache, no_network, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["config"] == "valid" and "not downloaded yet" in out["shapes_from"]
     assert {v["status"] for v in out["paths"].values()} == {"missing"}
+    assert out["verdict"] == ("valid, with caveats: shapes from " + out["shapes_from"] + "; model.path is missing (a run "
+                              "refuses it); tokenizer is missing (a run refuses it)")
     assert "HF_HUB_OFFLINE" in out["paths"]["model.path"]["note"]
 
 
@@ -232,6 +234,7 @@ def test_dry_run_online_says_a_run_downloads_and_downloads_nothing(tmp_path, mon
     assert out["config"] == "valid" and out["shapes_from"].startswith("model.preset='qwen2.5-0.5b'")
     assert "not downloaded yet" in out["shapes_from"] and out["parameters_millions"] == 494.03
     assert {k: v["status"] for k, v in out["paths"].items()} == {"model.path": "hub", "tokenizer": "hub"}
+    assert out["verdict"].endswith("; model.path is downloaded by the run; tokenizer is downloaded by the run")
     # a Hub tokenizer alone (model.path null): the preset's shapes with its own vocabulary
     assert main(["--dry-run", "job=eval", "tokenizer=org/tok"]) == 0
     out = json.loads(capsys.readouterr().out)

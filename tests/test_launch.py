@@ -83,7 +83,7 @@ def test_small_job_writes_the_run_and_resumes(tmp_path, capsys):
     assert summary["sampled_gain_rl"] == pytest.approx(evals["after"]["sampled/success"]
                                                        - evals["after_sft"]["sampled/success"])
     # A second launch of the same name without resume refuses to overwrite it...
-    with pytest.raises(FileExistsError, match="resume=true"):
+    with pytest.raises(SystemExit, match="holds a run already .* overwrite=true .* resume=true"):
         main(argv)
     # ... and with resume it finds both phases complete: no new SFT or RL step, same final eval.
     assert main(argv + ["resume=true"]) == 0

@@ -71,6 +71,16 @@ def test_iteration_is_rollout_then_train_on():
     m_b = b.train_on(trajs_b, key)
     for k in ("cover/info", "cover/ext", "zero_adv_group_share"):
         assert m_b[f"credit/{k}"] == float(diag[k]), k
+    # each record holds its turns' credit: the advantage's mean over the turn's tokens (checked by a
+    # loop over tokens here), and InfoPO's information gain of the turn
+    A, idx, mask = np.asarray(A_BL), np.asarray(batch.turn_idx_BL), np.asarray(batch.loss_mask_BL)
+    for row, t in enumerate(trajs_b):
+        credit = t.info["credit"]
+        turns = len(t.action_spans())
+        assert set(credit) == {"advantage", "r_info"} and len(credit["advantage"]) == len(credit["r_info"]) == turns
+        for k in range(turns):
+            vals = [A[row, j] for j in range(A.shape[1]) if idx[row, j] == k and mask[row, j] > 0]
+            assert credit["advantage"][k] == pytest.approx(float(np.mean(vals)), abs=1e-6)
     assert [t.tokens for t in trajs_a] == [t.tokens for t in trajs_b]
     for x, y in zip(jax.tree.leaves(a.state.params), jax.tree.leaves(b.state.params)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -123,3 +133,14 @@ def test_evaluate_averages_k_runs_per_task():
     assert m["success"] == 0.0  # a random tiny policy does not name the hidden thing
     with pytest.raises(ValueError, match="k=0"):
         evaluate(params, engine, lambda: GYMS["telepathy"].env(), TOK, tasks, k=0, sampling=sp, key=jax.random.key(0))
+
+
+def test_turn_means_hand_computed():
+    from jaxagent.train.rl import turn_means
+
+    values = np.array([[1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
+    turn = np.array([[-1, 0, 0, 1, 1], [0, 0, -1, -1, -1]])
+    mask = np.array([[0, 1, 1, 1, 0], [1, 0, 0, 0, 0]])  # row 0: token 4 is off the loss mask
+    out = turn_means(values, turn, mask, 3)
+    np.testing.assert_allclose(out[0], [2.5, 4.0, np.nan])
+    np.testing.assert_allclose(out[1], [1.0, np.nan, np.nan])

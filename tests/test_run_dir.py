@@ -67,6 +67,9 @@ def test_resume_refuses_a_changed_config_unless_named_and_keeps_every_config(tmp
     # Named, the change is allowed (a section covers its keys); the first config stays.
     assert main(argv + ["resume=true", "eval.tasks=3", "eval.k=2", "resume_overrides=[eval]"]) == 0
     assert (run / "config.yaml").read_text() == first
+    summary = json.loads((run / "summary.json").read_text())  # the values this launch ran with
+    assert (summary["eval_tasks"], summary["eval_k"], summary["config_file"]) == (3, 2, "config.resume-1.yaml")
+    assert (summary["eval_tasks_before"], summary["eval_k_before"]) == (2, 1)  # the evaluation before is the first's
     assert _cfg(run, "config.resume-1.yaml")["eval"]["tasks"] == 3
     assert _cfg(run, "config.resume-1.yaml")["resume_overrides"] == ["eval"]
     # The next resume compares with the newest config: the same eval.tasks passes, going back is a change.
@@ -100,8 +103,41 @@ def test_a_run_of_another_job_is_never_overwritten(tmp_path):
         assert "job='sft+rl'" in msg and "pick another name=" in msg
     assert (tmp_path / "q" / "config.yaml").read_text() == before
     assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["config.yaml"]
-    # the same job may use it (a fresh start of a run that left no checkpoint)
-    check_run_dir(load_config(None, [f"runs_dir={tmp_path}", "name=q", "rl.credit=grpo"]), tmp_path / "q")
+    # nor by the same job without resume=true or overwrite=true: the error names the ways out
+    with pytest.raises(ResumeError, match=r"holds a run already \(config.yaml\); a launch never overwrites one "
+                                          r"silently: set name= .* overwrite=true .* resume=true"):
+        check_run_dir(load_config(None, [f"runs_dir={tmp_path}", "name=q"]), tmp_path / "q")
+    check_run_dir(load_config(None, [f"runs_dir={tmp_path}", "name=q", "overwrite=true"]), tmp_path / "q")
+    check_run_dir(load_config(None, [f"runs_dir={tmp_path}", "name=q", "job=eval", "overwrite=true"]), tmp_path / "q")
+
+
+def test_a_rerun_gets_a_numbered_directory_or_is_refused_or_replaces_when_asked(tmp_path, capsys):
+    argv = ["job=eval", *SMALL, f"runs_dir={tmp_path}"]
+    assert main(argv) == 0 and main(argv) == 0  # no name given: the second run is numbered
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'eval-intention'} holds an earlier run; this one writes {tmp_path / 'eval-intention-2'}" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval-intention", "eval-intention-2"]
+    assert json.loads((tmp_path / "eval-intention-2" / "summary.json").read_text())["name"] == "eval-intention-2"
+    # a given name is refused, naming the ways out; the run stays as it was
+    first = (tmp_path / "eval-intention" / "summary.json").read_text()
+    with pytest.raises(SystemExit, match=r"config error: name='eval-intention': .* overwrite=true"):
+        main(argv + ["name=eval-intention"])
+    assert (tmp_path / "eval-intention" / "summary.json").read_text() == first
+    # overwrite=true replaces it: what the old run left is gone
+    (tmp_path / "eval-intention" / "stale.txt").write_text("old")
+    assert main(argv + ["name=eval-intention", "overwrite=true"]) == 0
+    assert not (tmp_path / "eval-intention" / "stale.txt").exists()
+    assert (tmp_path / "eval-intention" / "summary.json").exists()
+    with pytest.raises(SystemExit, match="overwrite=true: resume=true continues"):
+        main(argv + ["resume=true", "overwrite=true"])
+
+
+def test_an_eval_jobs_summary_holds_only_evaluation_fields(tmp_path):
+    assert main(["job=eval", *SMALL, f"runs_dir={tmp_path}", "name=e"]) == 0
+    summary = json.loads((tmp_path / "e" / "summary.json").read_text())
+    assert set(summary) == {"name", "job", "gym", "env", "model_params", "success", "reward", "turns", "eval_tasks",
+                            "eval_k", "wall_seconds", "devices"}
+    assert summary["eval_tasks"] == 2 and not (tmp_path / "e" / "plots").exists()
 
 
 def test_default_names_follow_the_job_and_environment(tmp_path):

@@ -309,7 +309,7 @@ def test_launch_eval_with_a_local_checkpoint(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "local"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["env"] == "tau2_retail" and summary["eval_tasks"] == 2 and summary["success_before"] == 0.0
+    assert summary["env"] == "tau2_retail" and summary["eval_tasks"] == 2 and summary["success"] == 0.0
     assert summary["eval_k"] == 4  # eval.k null: tau2's default k
     rows = [json.loads(line) for line in (run / "episodes_before_0.jsonl").read_text().splitlines()]
     assert sorted(r["task_id"] for r in rows) == ["0"] * 4 + ["1"] * 4

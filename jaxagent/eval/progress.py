@@ -5,7 +5,7 @@
     progress.close()
 
 On a terminal, a tqdm bar whose postfix holds the success rate so far; elsewhere (CI logs, pipes) a
-line at the first episode, then at most one every ``every_s`` seconds, and one when the last
+line when the episodes start, one at the first episode's end, then at most one every ``every_s`` seconds, and one when the last
 episode ends, so logs stay readable without carriage returns. Disabled (``progress=false``), it
 shows nothing; the caller still prints its summary and where its files are.
 """
@@ -38,6 +38,8 @@ class EpisodeProgress:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total, desc=label, file=self.stream, dynamic_ncols=True, leave=True, unit="ep")
+        elif self.enabled:  # what is coming, before the first episode ends
+            print(f"[{label}] 0/{total} episodes started", file=self.stream, flush=True)
 
     def line(self) -> str:
         """``[label] n/total episodes, success s so far, t s elapsed, ETA e s``."""

@@ -172,9 +172,12 @@ def prepare(cfg: RunConfig) -> Run:
     engine = GenerationEngine(params, qcfg, slots=r.slots, capacity=r.capacity, park_rows=park,
                               decode_steps=r.decode_steps, vocab_limit=tok.vocab_size,
                               place=processes.local_params(qcfg))
-    log = RunLog(run_dir, cfg.progress, write=processes.is_main)
-    if processes.is_main:
-        record_config(cfg, run_dir)  # config.yaml, or on a resume config.resume-<n>.yaml
+    if processes.is_main:  # config.yaml (overwrite=true: into an emptied directory), or config.resume-<n>.yaml
+        record_config(cfg, run_dir)
+    from jaxagent.jobs.wandb_log import open_wandb
+
+    log = RunLog(run_dir, cfg.progress, write=processes.is_main,  # log.wandb=true: process 0's W&B run
+                 wandb=open_wandb(cfg, run_dir, tok.decode) if processes.is_main else None)
     processes.barrier("jaxagent-run-dir-ready")
     return Run(cfg, run_dir, tok, qcfg, params, rules, make_env, train_tasks, test_tasks, engine, log, processes)
 

@@ -15,6 +15,7 @@ user over HTTP). Sections reuse the library's own frozen settings classes (`PPOC
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -28,8 +29,10 @@ from jaxagent.envs.registry import EnvContext
 from jaxagent.envs.tau2.spec import tau2_domain
 from jaxagent.jobs.registry import job_names
 from jaxagent.jobs.sections import (BUILTIN_TOKENIZER, CheckpointSection, DPOSection, EnvSection,
-                                    EvalSection, ModelSection, RolloutSection, SFTSection, at_least,
+                                    EvalSection, LogSection, ModelSection, RolloutSection, SFTSection, at_least,
                                     check_credit, env_settings, helped, number_in)
+from jaxagent.jobs.timeouts import (DEFAULT_TIMEOUT_S, TIMEOUT_MARGIN_S, check_timeout, episode_timeout_s,  # noqa: F401
+                                    simulator_budget_s, simulator_clients)
 from jaxagent.models.sharding import MeshConfig
 from jaxagent.train.rl import RLSettings
 from jaxagent.train.step import OptimSettings
@@ -196,8 +199,11 @@ class RunConfig:
     resume: bool = helped(False, "continue runs/<name>/ from its last complete checkpoint")
     resume_overrides: tuple[str, ...] = helped(
         (), "resume: dotted keys (or sections) allowed to differ from the run's config, e.g. [optim.lr,eval]; "
-            "resume, resume_overrides, progress, runs_dir, name and steps always may")
+            "resume, resume_overrides, progress, log, runs_dir, name and steps always may")
+    overwrite: bool = helped(False, "replace what runs/<name>/ holds (without it, a launch into an existing run is "
+                                    "refused, or a default name gets the next free number: quickstart-2)")
     progress: bool = True
+    log: LogSection = _field(default_factory=LogSection)
     # The quickstart's tiny model starts from random weights drawn wider than transformers' 0.02:
     # its attention is then sharp enough from the start for the copy the demonstrations need to
     # form within the SFT budget (docs/BENCHMARKS.md, the quickstart section).
@@ -249,6 +255,9 @@ class RunConfig:
         if not 0.0 <= self.rl.success_threshold <= top:
             raise ValueError(f"rl.success_threshold={self.rl.success_threshold}: expected a number in [0, {top}] "
                              f"(the most reward an episode of env.kind={self.env.kind!r} can get)")
+        if self.resume and self.overwrite:
+            raise ValueError("overwrite=true: resume=true continues the run that overwrite=true would replace; "
+                             "expected one of them")
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ValueError(f"name={self.name!r}: expected a directory name (no '/')")
         from jaxagent.jobs.resume import check_overrides_known
@@ -299,58 +308,6 @@ class RunConfig:
                              "expected a tokenizer directory for qd.questioner=policy (e.g. the checkpoint's)")
 
 
-#: ``rollout.timeout_s`` when null and no environment call goes over HTTP (gyms, tau2's scripted customer),
-#: and the margin added to the simulator clients' budget when some do.
-DEFAULT_TIMEOUT_S = 60.0
-TIMEOUT_MARGIN_S = 30.0
-
-
-def simulator_clients(env: EnvSection) -> list[tuple[str, LLMUserConfig]]:
-    """The HTTP simulator clients (dotted key, settings) that one environment call (a reset or a
-    step) may use one after the other, as ``env.kind``'s spec lists them (`EnvSpec.simulator_clients`:
-    ``env.llm_user``; on tau2 ``env.tau2.customer_llm`` with customer=llm and ``env.tau2.judge`` with
-    scoring=tau2, the episode's last step also judging)."""
-    return list(env.spec.simulator_clients(env_settings(env)))
-
-
-def simulator_budget_s(env: EnvSection) -> float:
-    """The worst case of one environment call's HTTP time: the sum of its clients'
-    `LLMUserConfig.call_budget_s` (0 without HTTP clients)."""
-    return float(sum(c.call_budget_s() for _, c in simulator_clients(env)))
-
-
-def episode_timeout_s(cfg: RunConfig) -> float:
-    """The loop's per-call timeout: ``rollout.timeout_s``, or when null the simulator budget +
-    `TIMEOUT_MARGIN_S` (`DEFAULT_TIMEOUT_S` without HTTP clients)."""
-    if cfg.rollout.timeout_s is not None:
-        return float(cfg.rollout.timeout_s)
-    budget = simulator_budget_s(cfg.env)
-    return budget + TIMEOUT_MARGIN_S if budget > 0 else DEFAULT_TIMEOUT_S
-
-
-def check_timeout(cfg: RunConfig) -> None:
-    """The rule: ``rollout.timeout_s`` (when set) >= `simulator_budget_s`, where a client's budget
-    is ``(max_retries + 1) * (connect_timeout_s + read_timeout_s)`` + its backoff sleeps (each at
-    most ``max(min(backoff_max_s, backoff_base_s * 2**k), retry_after_max_s)``). A shorter loop
-    timeout cancels a call while its client still retries or waits out a Retry-After."""
-    t = cfg.rollout.timeout_s
-    budget = simulator_budget_s(cfg.env)
-    if t is None or t >= budget:
-        return
-    parts = []
-    for key, c in simulator_clients(cfg.env):
-        sleeps = c.call_budget_s() - (c.max_retries + 1) * (c.connect_timeout_s + c.read_timeout_s)
-        parts.append(f"{key}: ({key}.max_retries={c.max_retries} + 1) x ({key}.connect_timeout_s="
-                     f"{c.connect_timeout_s:g} + {key}.read_timeout_s={c.read_timeout_s:g}) + {sleeps:g} s of backoff "
-                     f"(up to {key}.retry_after_max_s={c.retry_after_max_s:g} each) = {c.call_budget_s():g} s")
-    keys = " / ".join(k for k, _ in simulator_clients(cfg.env))
-    raise ValueError(f"rollout.timeout_s={t:g}: below the simulator's worst case per environment call, {budget:g} s "
-                     f"({'; '.join(parts)}); the loop would cancel a call while its client still retries or waits "
-                     f"out a Retry-After. Expected rollout.timeout_s >= {budget:g}, or null (derived: {budget:g} + "
-                     f"{TIMEOUT_MARGIN_S:g} s), or a smaller budget for {keys} (read_timeout_s, max_retries, "
-                     "retry_after_max_s)")
-
-
 def env_max_reward(env: EnvSection) -> float:
     """The most outcome reward one episode of ``env`` can get (`EnvSpec.max_reward`): 1.0 in every
     gym (``MAX_REWARD``), on tau2 (a pass) and for an LLM user (its scorer's range is [0, 1] by contract)."""
@@ -384,15 +341,27 @@ def default_name(cfg: RunConfig) -> str:
     return f"{cfg.job}-{env}"
 
 
-def load_config(path: str | Path | None = None, overrides=()) -> RunConfig:
+def load_config(path: str | Path | None = None, overrides=(), *, fresh_name: bool = False) -> RunConfig:
     """The quickstart defaults (``RunConfig()``, whose sections may differ from their classes'
     defaults), then the YAML file, then ``key=value`` overrides. Without a ``name`` in the file
-    or the overrides, the name is `default_name`."""
+    or the overrides, the name is `default_name`; with ``fresh_name`` (the launcher) and neither
+    ``resume`` nor ``overwrite``, the first of it, ``<it>-2``, ... that holds no run under ``runs_dir``
+    (`jaxagent.jobs.resume.free_run_name`), so that a rerun never lands in an earlier run."""
     overrides = list(overrides)
     data = configlib.read_yaml(path) if path is not None else {}  # read once: also tells whether it names the run
     cfg = configlib.load(RunConfig, None, overrides, base=configlib.deep_merge(configlib.to_dict(RunConfig()), data))
-    named = "name" in data or any(o.partition("=")[0].strip() == "name" for o in overrides)
-    return cfg if named else dataclasses.replace(cfg, name=default_name(cfg))
+    if "name" in data or any(o.partition("=")[0].strip() == "name" for o in overrides):
+        return cfg
+    name = default_name(cfg)
+    if fresh_name and not (cfg.resume or cfg.overwrite):
+        from jaxagent.jobs.resume import free_run_name
+
+        if (fresh := free_run_name(cfg.runs_dir, name)) != name:  # said even with progress=false
+            print(f"[launch] {Path(cfg.runs_dir) / name} holds an earlier run; this one writes "
+                  f"{Path(cfg.runs_dir) / fresh} (name= picks the directory, overwrite=true replaces a run, "
+                  "resume=true continues it)", file=sys.stderr, flush=True)
+        name = fresh
+    return dataclasses.replace(cfg, name=name)
 
 
 __all__ = ["DEFAULT_TIMEOUT_S", "QUESTIONERS", "TIMEOUT_MARGIN_S", "QDSection", "QDTau2Section", "RunConfig",

@@ -8,6 +8,7 @@ registered jobs, environments and credit terms, presets, config files and every 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -71,12 +72,19 @@ def launch(config_file: str | None, overrides: Sequence[str], *, dry_run: bool =
     from jaxagent.train.step import TrainingFailed
 
     try:
-        cfg = load_config(config_file, overrides)
+        cfg = load_config(config_file, overrides, fresh_name=True)
     except configlib.ConfigError as e:
         raise JobError("config error", str(e)) from None
+    if cfg.progress and not dry_run:  # the first line within a second: what runs and where it writes
+        where = "serves over HTTP" if cfg.job == "serve" else f"writes {Path(cfg.runs_dir) / cfg.name}/"
+        print(f"[launch] job={cfg.job} env.kind={cfg.env.kind} {where}; building the model and environment",
+              file=sys.stderr, flush=True)
     try:
         cfg, paths = resolve_paths(cfg, dry_run=dry_run)
         check_paths(cfg, dry_run=dry_run, pending=[k for k, r in paths.items() if r.is_hub and r.path is None])
+        from jaxagent.jobs.wandb_log import check_wandb
+
+        check_wandb(cfg)  # log.wandb=true without the package: refused here (a dry run too), before any build
         if dry_run:
             return plan(cfg, paths)
         from jaxagent.models.sharding import initialize_distributed
@@ -86,7 +94,11 @@ def launch(config_file: str | None, overrides: Sequence[str], *, dry_run: bool =
         check_mesh(cfg)
         from jaxagent.jobs.run import run_job
 
-        return run_job(cfg)
+        out = run_job(cfg)
+        run_dir = Path(cfg.runs_dir) / cfg.name
+        if run_dir.is_dir() and isinstance(out, dict):  # every job but serve writes a run directory
+            out.setdefault("run_dir", str(run_dir))
+        return out
     except (configlib.ConfigError, EpisodeBudgetError) as e:  # found once files, devices or the first prompt are seen
         raise JobError("config error", str(e)) from None
     except (CheckpointError, TokenizerError, CheckpointDamaged) as e:  # a damaged or foreign input file, named
@@ -102,7 +114,9 @@ def plan(cfg: RunConfig, paths: dict[str, Any] | None = None) -> dict:
     `jax.eval_shape`; works for meshes larger than this machine (an abstract mesh). ``paths`` (from
     `resolve_paths`) adds how each of ``model.path``, ``tokenizer`` ... resolves (``"paths"``: local,
     hub-cache, hub: a run downloads it, missing). Before a download the shapes are the preset's,
-    and ``shapes_from`` says so."""
+    and ``shapes_from`` says so. ``verdict`` (first) is ``"valid"``, or ``"valid, with caveats: ..."``
+    naming shapes planned from a preset and paths a run must download or will refuse; the config
+    itself is valid either way (``"config": "valid"``, exit 0)."""
     import dataclasses
 
     import jax
@@ -160,7 +174,14 @@ def plan(cfg: RunConfig, paths: dict[str, Any] | None = None) -> dict:
         n = num_lora_params(dataclasses.replace(qcfg, lora=cfg.model.lora.spec()))
         lora = {"lora_rank": cfg.model.lora.rank, "lora_targets": list(cfg.model.lora.targets),
                 "trained_parameters": n, "trained_share": round(n / count, 5)}
-    return {"config": "valid", "job": cfg.job, "name": cfg.name, "mesh": dict(zip(MESH_AXES, shape)),
+    caveats = [] if shapes_from in ("model.path", "model.preset") else [f"shapes from {shapes_from}"]
+    for key, r in (paths or {}).items():
+        if r.status == "missing":
+            caveats.append(f"{key} is missing (a run refuses it)")
+        elif r.status == "hub":
+            caveats.append(f"{key} is downloaded by the run")
+    verdict = "valid" + (f", with caveats: {'; '.join(caveats)}" if caveats else "")
+    return {"verdict": verdict, "config": "valid", "job": cfg.job, "name": cfg.name, "mesh": dict(zip(MESH_AXES, shape)),
             "devices_needed": math.prod(shape), "devices_here": here, "abstract_mesh": wanted > here,
             "parameters": count, "parameters_millions": round(count / 1e6, 2),
             "param_bytes_per_device": per_device, "shapes_from": shapes_from, "credit": cfg.rl.credit, **lora,

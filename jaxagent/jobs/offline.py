@@ -71,8 +71,10 @@ def prepare_offline(cfg: RunConfig) -> OfflineRun:
     rules = LogicalRules(make_mesh(cfg.mesh))
     tok = build_tokenizer(cfg)
     qcfg, params = build_model(cfg, tok, rules)
-    log = RunLog(run_dir, cfg.progress)
-    record_config(cfg, run_dir)
+    record_config(cfg, run_dir)  # first: overwrite=true empties the directory
+    from jaxagent.jobs.wandb_log import open_wandb
+
+    log = RunLog(run_dir, cfg.progress, wandb=open_wandb(cfg, run_dir, tok.decode))  # log.wandb=true: W&B too
     return OfflineRun(cfg, run_dir, tok, qcfg, params, rules, log)
 
 

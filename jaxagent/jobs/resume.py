@@ -6,13 +6,18 @@ the tau2 host evaluation):
 - **Another job's results are never overwritten.** When ``runs/<name>/config.yaml`` exists and
   holds a different job (``job``, ``env.kind`` and, on the gyms, ``env.gym``), the launch is
   refused, naming the key ``name``.
+- **A run is never overwritten silently.** A launch without ``resume=true`` into a directory that
+  holds a run (its ``config.yaml``) is refused, naming ``name=`` (keep both), ``overwrite=true``
+  (replace it: `record_config` empties the directory first) and ``resume=true``; a launch that did
+  not name its run gets the next free numbered name instead (``quickstart-2``: `free_run_name`,
+  chosen by the launcher).
 - **``resume=true`` needs a run to resume**: a directory without ``config.yaml`` is an error
   that says how to start afresh (drop ``resume=true``, or pick the ``name=`` of an existing run).
 - **A resume continues the same training.** The config is compared with the one the run last
   ran with (the newest file of its config history); every differing dotted key is listed
   (``old -> new``) and the resume refused, unless the key is named in ``resume_overrides``
   (a key or a whole section, e.g. ``resume_overrides=[eval.every,rollout]``) or is one of
-  `ALWAYS_ALLOWED`: ``resume``, ``resume_overrides``, ``progress`` (how the run reports),
+  `ALWAYS_ALLOWED`: ``resume``, ``resume_overrides``, ``progress`` and ``log`` (how the run reports),
   ``runs_dir`` and ``name`` (where the directory lives, should it have moved) and ``steps`` (the
   RL iterations: a finished run can be extended; each iteration's draws depend on
   ``(seed, phase, i)`` only, so the iterations both runs share are the same; a resume cannot go
@@ -31,6 +36,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,7 +46,7 @@ import yaml
 from jaxagent import configlib
 
 #: Dotted keys (and their sections) that may always differ on a resume.
-ALWAYS_ALLOWED = ("resume", "resume_overrides", "progress", "runs_dir", "name", "steps")
+ALWAYS_ALLOWED = ("resume", "resume_overrides", "progress", "log", "overwrite", "runs_dir", "name", "steps")
 FIRST_CONFIG = "config.yaml"
 _ABSENT = object()
 
@@ -65,7 +71,10 @@ def config_history(run_dir: Path) -> list[Path]:
 
 def record_config(cfg: Any, run_dir: Path) -> Path:
     """Writes the config this launch uses: ``config.yaml`` for a fresh run, the next
-    ``config.resume-<n>.yaml`` for a resume (``config.yaml`` stays the first launch's)."""
+    ``config.resume-<n>.yaml`` for a resume (``config.yaml`` stays the first launch's). With
+    ``overwrite=true`` the directory is emptied first (call it before anything else writes there)."""
+    if getattr(cfg, "overwrite", False) and run_dir.is_dir():
+        shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     history = config_history(run_dir)
     if cfg.resume and history:
@@ -174,7 +183,7 @@ def check_run_dir(cfg: Any, run_dir: Path) -> None:
     """Raises `ResumeError` when ``cfg`` may not write into ``run_dir`` (see the module docstring)."""
     history = config_history(run_dir)
     new = configlib.to_dict(cfg)
-    if history:
+    if history and not cfg.overwrite:
         first = _read(history[0])
         had, has = run_identity(first), run_identity(new)
         if had != has:
@@ -185,6 +194,11 @@ def check_run_dir(cfg: Any, run_dir: Path) -> None:
                 f"not this launch's {now}; pick another name= (its results are never overwritten by a "
                 f"different job)")
     if not cfg.resume:
+        if history and not cfg.overwrite:
+            held = ", ".join(f for f in (FIRST_CONFIG, "summary.json", "checkpoints") if (run_dir / f).exists())
+            raise ResumeError(
+                f"name={cfg.name!r}: {run_dir} holds a run already ({held}); a launch never overwrites one silently: "
+                f"set name= to another name to keep both, overwrite=true to replace it, or resume=true to continue it")
         return
     if not history:
         raise ResumeError(
@@ -210,10 +224,21 @@ def checked_run_dir(cfg: Any, *, refuse_checkpoints: bool = False) -> Path:
     Nothing is written: `record_config` creates the directory once the job's inputs are checked."""
     run_dir = Path(cfg.runs_dir) / cfg.name
     check_run_dir(cfg, run_dir)  # another job's results; resume=true with nothing; a changed config
-    if refuse_checkpoints and run_dir.exists() and not cfg.resume and any((run_dir / "checkpoints").glob("*/*")):
+    if refuse_checkpoints and run_dir.exists() and not (cfg.resume or cfg.overwrite) \
+            and any((run_dir / "checkpoints").glob("*/*")):
         raise FileExistsError(f"{run_dir}: a run with checkpoints exists; set resume=true to continue it or pick "
                               "another name=")
     return run_dir
+
+
+def free_run_name(runs_dir: str | Path, name: str) -> str:
+    """``name`` when ``runs_dir/name`` holds no run (no ``config.yaml``), else the first of
+    ``name-2``, ``name-3``, ... that holds none."""
+    n, candidate = 1, name
+    while config_history(Path(runs_dir) / candidate):
+        n += 1
+        candidate = f"{name}-{n}"
+    return candidate
 
 
 def check_not_shortened(cfg: Any, phase: str, start: int, total: int, key: str) -> None:
@@ -275,5 +300,5 @@ def after_checkpoint(phase: str, start: int) -> Callable[[dict[str, Any]], bool]
 
 
 __all__ = ["ALWAYS_ALLOWED", "ResumeError", "after_checkpoint", "check_not_shortened", "check_overrides_known",
-           "check_run_dir", "checked_run_dir", "config_diff", "config_history", "record_config", "run_identity", "schema_keys",
-           "truncate_metrics"]
+           "check_run_dir", "checked_run_dir", "config_diff", "config_history", "free_run_name", "record_config",
+           "run_identity", "schema_keys", "truncate_metrics"]

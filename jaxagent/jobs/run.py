@@ -15,10 +15,14 @@ Host orchestration only; the math lives in `jaxagent.train.step`, `jaxagent.trai
 - ``checkpoints/{sft,rl}/``: orbax checkpoints (see `jaxagent.train.checkpoint`);
 - ``hf/``: the final policy as a Hugging Face checkpoint (with the tokenizer's files);
 - ``tb/``: TensorBoard scalars, written as the run goes;
+- ``wandb/``, ``wandb_run_id``: with ``log.wandb=true``, the Weights & Biases run (the same scalars,
+  a table of sampled episodes per RL iteration, the plots: `jaxagent.jobs.wandb_log`);
 - ``plots/``: reward and success, turns and response length, info gain by turn index (heatmap),
   SFT loss (`jaxagent.eval.report`);
 - ``summary.json``: ``success_before``, ``success_after``, ``wall_seconds``, ``steps``, ``credit``,
-  the InfoPO diagnostics, ...
+  the InfoPO diagnostics, ... (the values this launch ran with: a resume's ``eval_tasks`` are its own,
+  ``config_file`` names its config); job=eval's holds the evaluation's figures only (``success``,
+  ``reward``, ``turns``, ``eval_tasks``, ``eval_k``, ``sampled_*``).
 
 Determinism: every random draw of step i (SFT batch, RL tasks, sampling keys) derives from
 ``(seed, phase, i)``, so a resumed run replays exactly what the uninterrupted run would have done.
@@ -90,26 +94,38 @@ def run_policy_job(cfg: RunConfig) -> dict[str, Any]:
     after = run_eval(run, params, "after", steps) if cfg.job != "eval" else before
     if cfg.checkpoint.export_hf and cfg.job != "eval":
         _export(run, params)
-    summary = {
-        "name": cfg.name, "job": cfg.job, "credit": cfg.rl.credit if cfg.job in ("rl", "sft+rl") else None,
-        "gym": cfg.env.gym if cfg.env.kind == "gym" else None, "env": cfg.env.kind, "model_params": param_count(params),
-        "success_before": before["success"], "success_after": after["success"],
-        "reward_before": before["reward"], "reward_after": after["reward"],
-        "turns_before": before["turns"], "turns_after": after["turns"],
-        "eval_tasks": before["tasks"], "eval_k": before["k"], "steps": steps,
-        "wall_seconds": time.perf_counter() - t0, "devices": [str(d) for d in jax.devices()],
-    }
-    summary.update(attribution(before, after_sft, after, cfg))
-    run.log.close()
+    summary = {"name": cfg.name, "job": cfg.job, "gym": cfg.env.gym if cfg.env.kind == "gym" else None,
+               "env": cfg.env.kind, "model_params": param_count(params)}
+    if cfg.job == "eval":  # an evaluation: its own figures only
+        summary.update(evaluation_fields(after))
+    else:
+        summary.update({"credit": cfg.rl.credit if cfg.job in ("rl", "sft+rl") else None,
+                        "success_before": before["success"], "success_after": after["success"],
+                        "reward_before": before["reward"], "reward_after": after["reward"],
+                        "turns_before": before["turns"], "turns_after": after["turns"],
+                        "eval_tasks": after["tasks"], "eval_k": after["k"], "steps": steps})
+        if (before["tasks"], before["k"]) != (after["tasks"], after["k"]):  # a resume that changed eval.*
+            summary.update(eval_tasks_before=before["tasks"], eval_k_before=before["k"])
+        summary.update(attribution(before, after_sft, after, cfg))
+    summary.update(wall_seconds=time.perf_counter() - t0, devices=[str(d) for d in jax.devices()])
+    if cfg.resume:  # what this launch ran with: the run's newest config file
+        from jaxagent.jobs.resume import config_history
+
+        summary["config_file"] = config_history(run.run_dir)[-1].name
+    run.log.close(keep_wandb=True)  # log.wandb=true: the W&B run finishes after the plots
     asyncio.run(run.make_env.aclose())  # tau2 retail, LLM users: the HTTP clients
     run.processes.barrier("jaxagent-log-closed")  # a multi-process run: process 0's metrics.jsonl is complete
     from jaxagent.eval import report
 
     metrics = report.read_metrics(run.run_dir / "metrics.jsonl")
-    summary["diagnostics"] = report.infopo_diagnostics(metrics)
-    if run.processes.is_main:  # process 0 alone writes the plots and the summary
-        summary["plots"] = [str(p.relative_to(run.run_dir)) for p in report.plot_run(metrics, run.run_dir / "plots")]
-    diag = summary["diagnostics"]
+    diag = report.infopo_diagnostics(metrics)
+    if cfg.job != "eval":  # training's diagnostics and plots
+        summary["diagnostics"] = diag
+        if run.processes.is_main:  # process 0 alone writes the plots and the summary
+            plots = report.plot_run(metrics, run.run_dir / "plots")
+            summary["plots"] = [str(p.relative_to(run.run_dir)) for p in plots]
+            run.log.finish_wandb(plots)
+    run.log.finish_wandb()  # log.wandb=true: ends the W&B run where no plots did (job=eval); else nothing
     failure = None
     if cfg.job in ("rl", "sft+rl") and cfg.rl.fail_on_collapse and diag.get("collapse"):
         failure = (f"{run.run_dir}: RL collapsed ({'; '.join(diag.get('collapse_reasons') or [])}); the results are "
@@ -118,7 +134,8 @@ def run_policy_job(cfg: RunConfig) -> dict[str, Any]:
     if run.processes.is_main:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=json_default) + "\n")
     if cfg.progress and run.processes.is_main:
-        print(report.summary_table(before, after, after_sft=after_sft), file=sys.stderr, flush=True)
+        table = report.eval_table(after) if cfg.job == "eval" else report.summary_table(before, after, after_sft=after_sft)
+        print(table, file=sys.stderr, flush=True)
     if failure is not None:
         raise TrainingFailed(failure)
     return summary
@@ -147,6 +164,16 @@ def attribution(before: dict[str, Any], after_sft: dict[str, Any] | None, after:
     return out
 
 
+def evaluation_fields(result: dict[str, Any]) -> dict[str, Any]:
+    """A policy evaluation's figures for job=eval's summary: greedy success, reward and turns on
+    ``eval_tasks`` tasks, and (when sampled) ``sampled_*`` over ``eval_k`` episodes per task."""
+    out = {"success": result["success"], "reward": result["reward"], "turns": result["turns"],
+           "eval_tasks": result["tasks"], "eval_k": result["k"]}
+    out.update({f"sampled_{k.split('/', 1)[1]}": v for k, v in result.items()
+                if k.startswith("sampled/") and not k.endswith("_by_task")})
+    return out
+
+
 def _diff(a, b):
     return None if a is None or b is None else float(a) - float(b)
 
@@ -172,4 +199,4 @@ def _export(run: Run, params) -> None:
     write_export(run.run_dir, run.cfg, run.qcfg, host)
 
 
-__all__ = ["attribution", "run_eval_job", "run_job", "run_policy_job", "run_sft_job"]
+__all__ = ["attribution", "evaluation_fields", "run_eval_job", "run_job", "run_policy_job", "run_sft_job"]

@@ -1,11 +1,12 @@
-"""The run directory's live record: metrics.jsonl, TensorBoard scalars and progress lines."""
+"""The run directory's live record: metrics.jsonl, TensorBoard scalars (and, with ``log.wandb=true``,
+Weights & Biases: `jaxagent.jobs.wandb_log`) and progress lines."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +23,21 @@ class RunLog:
     logged step, so logs stay readable without carriage returns.
 
     ``write=False`` (the processes of a multi-process run other than process 0): nothing is
-    written or shown, `read` still reads what process 0 wrote."""
+    written or shown, `read` still reads what process 0 wrote.
 
-    def __init__(self, run_dir: Path, progress: bool = True, *, tty: bool | None = None, write: bool = True):
+    ``wandb``: a `jaxagent.jobs.wandb_log.WandbSink` (`open_wandb`) that gets the scalars `log`
+    sends to TensorBoard, the RL iterations' trajectory tables, and (`finish_wandb`) the plots;
+    `close` finishes it unless told to keep it for the plots."""
+
+    def __init__(self, run_dir: Path, progress: bool = True, *, tty: bool | None = None, write: bool = True,
+                 wandb: Any = None):
         self.dir = run_dir
         self.write = write
         self.progress = progress and write
         self.tty = sys.stderr.isatty() if tty is None else tty
         self._bars: dict[str, Any] = {}
         self._metrics = self._tb = None
+        self.wandb = wandb if write else None
         if write:
             from jaxagent.eval.report import TensorBoardWriter
 
@@ -50,6 +57,8 @@ class RunLog:
         bar = self._bars.pop(phase, None)
         if bar is not None:
             bar.close()
+        if self.wandb is not None:  # the phase's last RL iteration: its trajectories are written by now
+            self.wandb.flush_table()
 
     def log(self, phase: str, step: int, metrics: dict[str, Any], show: tuple[str, ...] = ()) -> None:
         if not self.write:
@@ -58,6 +67,8 @@ class RunLog:
         self._metrics.write(json.dumps(rec, default=json_default) + "\n")
         self._metrics.flush()
         self._tb.scalars(step, metrics, phase)
+        if self.wandb is not None:
+            self.wandb.log(phase, step, metrics)
         if not self.progress:
             return
         figures = {_short(k): _fmt(metrics[k]) for k in show if k in metrics}
@@ -101,12 +112,23 @@ class RunLog:
         path = self.dir / "metrics.jsonl"
         return read_metrics(path) if path.exists() else []
 
-    def close(self) -> None:
+    def close(self, *, keep_wandb: bool = False) -> None:
+        """Closes metrics.jsonl and TensorBoard and finishes the W&B run (``keep_wandb``: left open
+        for `finish_wandb`, which logs the plots first)."""
         for phase in list(self._bars):
             self.end(phase)
         if self.write:
             self._metrics.close()
             self._tb.close()
+        if not keep_wandb:
+            self.finish_wandb()
+
+    def finish_wandb(self, plots: Iterable[Path] = ()) -> None:
+        """Logs ``plots`` (PNG files) to W&B and finishes the W&B run (nothing without one)."""
+        if self.wandb is not None:
+            self.wandb.images(plots)
+            self.wandb.finish()
+            self.wandb = None
 
 
 def json_default(x):

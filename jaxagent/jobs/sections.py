@@ -37,6 +37,24 @@ def helped(default, text: str):
 
 
 @dataclasses.dataclass(frozen=True)
+class LogSection:
+    """Where a run's scalars go besides metrics.jsonl and TensorBoard (always written): Weights &
+    Biases with ``wandb=true`` (``pip install 'jaxagent[wandb]'``), in ``wandb_mode`` (``offline``
+    writes ``runs/<name>/wandb/`` for a later ``wandb sync``)."""
+
+    wandb: bool = helped(False, "also log to Weights & Biases: the scalars, the plots, a table of sampled episodes")
+    wandb_project: str = helped("jaxagent", "the W&B project")
+    wandb_entity: str | None = helped(None, "the W&B entity (team or user); null: your default")
+    wandb_mode: Literal["online", "offline", "disabled"] = helped("online", "online, offline (sync later) or disabled")
+    wandb_table_rows: int = helped(16, "sampled episodes per RL iteration in the trajectory table")
+
+    def __post_init__(self) -> None:
+        at_least("log.wandb_table_rows", self.wandb_table_rows, 0)
+        if not self.wandb_project:
+            raise ValueError("log.wandb_project='': expected a W&B project name")
+
+
+@dataclasses.dataclass(frozen=True)
 class LoraSection:
     """``model.lora``: a LoRA adapter trained beside the frozen base (jaxagent.models.lora)."""
 
@@ -211,6 +229,8 @@ class SFTSection:
     max_len: int = helped(5120, "with sft.data: rows of more tokens (prompt + completion) are left out, counted")
 
     def __post_init__(self) -> None:
+        if self.lr is not None:  # as optim.lr: a finite rate >= 0
+            number_in("lr", self.lr, lo=0.0, what="a finite number >= 0, or null (optim.lr)")
         for f in ("epochs", "warmup_ratio"):
             v = getattr(self, f)
             if v is not None:

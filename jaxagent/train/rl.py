@@ -78,8 +78,11 @@ class RLSettings:
     group_size: int = 5
     tasks_per_step: int = 4
     ppo_epochs: int = 1
-    minibatch_size: int = 0  # 0: the whole batch in one update
-    microbatches: int = 1  # gradient accumulation inside one update
+    minibatch_size: int = dataclasses.field(default=0, metadata={
+        "help": "episodes per PPO update, a divisor of the batch (group_size x tasks_per_step); 0: the whole batch "
+                "in one update"})
+    microbatches: int = dataclasses.field(default=1, metadata={
+        "help": "gradient accumulation: each update's episodes in this many parts"})
     success_threshold: float = 1.0
     length_multiple: int = 128  # collated (and info-gain packed) lengths round up to this: few compiled shapes
     # Teacher-forced scoring outside the gradient (reference log-probs, the info-gain pass) runs
@@ -256,7 +259,7 @@ class RLTrainer:
         """The batch, the fused per-token advantage ``A_BL`` and its diagnostics (`fuse`) for
         ``trajs`` under the current policy, as `train_on` computes them with the same ``key``
         (no update). For diagnostics: where each credit term goes (scripts/probe_credit.py)."""
-        batch, _, A_BL, diag = self._credit(list(trajs), jax.random.split(key, 3)[1], _turns(trajs))
+        batch, _, A_BL, diag, _ = self._credit(list(trajs), jax.random.split(key, 3)[1], _turns(trajs))
         return batch, A_BL, diag
 
     def _credit(self, rows: Sequence[Trajectory], k_credit: jax.Array, n_turns: int):
@@ -273,7 +276,7 @@ class RLTrainer:
                 if name not in inputs:
                     inputs[name] = CREDIT_INPUTS[name](self, batch, host, term)
         A_BL, diag = self._fuse(batch, inputs, k_credit)
-        return batch, host, A_BL, diag
+        return batch, host, A_BL, diag, inputs
 
     def _train(self, trajs: Sequence[Trajectory], key: jax.Array, t_roll: float | None) -> dict[str, Any]:
         _, k_credit, k_perm = jax.random.split(key, 3)
@@ -293,7 +296,8 @@ class RLTrainer:
             return metrics
         rows = kept + [_padding_row() for _ in range(len(trajs) - n_kept)]
         n_turns = _turns(kept)
-        batch, host, A_BL, diag = self._credit(rows, k_credit, n_turns)
+        batch, host, A_BL, diag, inputs = self._credit(rows, k_credit, n_turns)
+        record_turn_credit(kept, host, A_BL, {k: v for k, v in inputs.items() if getattr(v, "ndim", 0) == 2})
         tokens = batch.tokens_BL
         data = {"tokens": tokens, "loss_mask": batch.loss_mask_BL, "advantages": A_BL,
                 "old_logp": jnp.asarray(host.logprobs_BL)}
@@ -337,6 +341,34 @@ class RLTrainer:
                         "tokens": n_tok, "tokens_per_s": n_tok / max((t_roll or 0.0) + t_credit + t_update, 1e-9),
                         "updates": int(self.state.step), "skipped_updates": int(self.state.skipped)})
         return metrics
+
+
+def turn_means(values_BL: np.ndarray, turn_idx_BL: np.ndarray, mask_BL: np.ndarray, T: int) -> np.ndarray:
+    """[B, T] float64: the mean of ``values_BL`` [B, L] over each action turn's tokens (``turn_idx_BL``
+    == t where ``mask_BL`` is set), NaN for a turn with no such token."""
+    B, _ = values_BL.shape
+    sel = (turn_idx_BL >= 0) & (turn_idx_BL < T) & (np.asarray(mask_BL) > 0)
+    flat = (np.arange(B)[:, None] * T + np.where(sel, turn_idx_BL, 0))[sel]
+    total = np.bincount(flat, weights=np.asarray(values_BL, np.float64)[sel], minlength=B * T)
+    count = np.bincount(flat, minlength=B * T)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (total / count).reshape(B, T)
+
+
+def record_turn_credit(trajs: Sequence[Trajectory], host, A_BL: jax.Array, turn_inputs: Mapping[str, jax.Array]) -> None:
+    """Writes each episode's credit per action turn into ``info["credit"]`` (what its trajectory
+    record and the W&B table show): ``advantage``, the fused per-token advantage averaged over the
+    turn's tokens, and each [B, T] host input the credit terms used (``r_info``: InfoPO's information
+    gain of the turn). Rows ``len(trajs)`` onwards (padding) are ignored; None where a turn has no value."""
+    n = len(trajs)
+    host_arrays = jax.device_get({"advantage": A_BL, **turn_inputs})
+    T = int(host.turn_valid_BT.shape[1])
+    per_turn = {"advantage": turn_means(np.asarray(host_arrays.pop("advantage")), host.turn_idx_BL, host.loss_mask_BL, T)}
+    per_turn.update({k: np.asarray(v, np.float64) for k, v in host_arrays.items()})
+    for b, t in enumerate(trajs[:n]):
+        turns = len(t.action_spans())
+        t.info["credit"] = {k: [None if not np.isfinite(x) else round(float(x), 6) for x in v[b, :turns]]
+                            for k, v in per_turn.items()}
 
 
 def credit_metrics(diag: Mapping[str, Any], turns: int) -> dict[str, Any]:

@@ -195,7 +195,7 @@ def launch(overrides: Sequence[str], config_file: str | None, run_dir: Path) -> 
     its stdout and stderr go to ``<run_dir>/launch.log``. Returns {rc, process_s}."""
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "jaxagent.launch"] + (["--config", config_file] if config_file else [])
-    argv += list(overrides) + (["resume=true"] if (run_dir / "metrics.jsonl").exists() else [])
+    argv += list(overrides) + (["resume=true"] if (run_dir / "config.yaml").exists() else [])  # cut short
     # The caller's working directory (relative runs_dir and model.path mean the same in both
     # processes); the repository on the path in case the package is not installed.
     env = dict(os.environ,
@@ -218,7 +218,7 @@ def launch_in_process(overrides: Sequence[str], config_file: str | None, run_dir
     from jaxagent.jobs.config import load_config
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    overrides = list(overrides) + (["resume=true"] if (run_dir / "metrics.jsonl").exists() else [])
+    overrides = list(overrides) + (["resume=true"] if (run_dir / "config.yaml").exists() else [])
     t0 = time.perf_counter()
     with open(run_dir / "launch.log", "a", encoding="utf-8") as f:
         f.write("(in process) " + shlex.join(overrides) + "\n")
