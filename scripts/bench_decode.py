@@ -210,14 +210,14 @@ def main(argv=None) -> dict:
     B, P, N = args.batch, args.context, args.new_tokens
     if P + N > cfg.max_position_embeddings:
         raise SystemExit(f"--context + --new-tokens = {P + N}: exceeds max_position_embeddings={cfg.max_position_embeddings}")
+    log(f"[jax] {args.shape} ({cfg.num_params() / 1e6:.1f}M) batch={B} context={P} new={N} dtype={dtype} "
+        f"on {backend}:{jax.devices()[0].device_kind}; {args.iters} timed iterations after a compiling one")
     key_p, key_t, key_s = jax.random.split(jax.random.key(0), 3)
     params = jax.jit(init_params, static_argnums=1)(key_p, cfg)
     prompts = jax.random.randint(key_t, (B, P), 0, cfg.vocab_size, dtype=jnp.int32)
     n_new = jnp.full((B,), P, jnp.int32)
     keys = jax.random.split(key_s, B)
     capacity = P + N
-    log(f"[jax] {args.shape} ({cfg.num_params() / 1e6:.1f}M) batch={B} context={P} new={N} dtype={dtype} "
-        f"on {backend}:{jax.devices()[0].device_kind}")
 
     extend = jit_extend(cfg, None, args.scan_unroll)
     gen = jit_generate(cfg, N, None, 0, args.scan_unroll)
@@ -238,10 +238,12 @@ def main(argv=None) -> dict:
             peer_skipped = f"{type(e).__name__}: {e}"
             log(f"[tunix] skipped ({peer_skipped}); timing ours alone")
 
+    log("[jax] compiling prefill + decode (the first call)")
     t0 = time.perf_counter()
     logits, cache = prefill()
     out = decode(logits, cache)
     compile_s = time.perf_counter() - t0
+    log(f"[jax] first call {compile_s:.1f}s; timing")
     if peer is not None:
         t0 = time.perf_counter()
         peer_out = peer.decode(peer.prefill(np.asarray(prompts), N))
@@ -324,4 +326,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    t_start = time.perf_counter()
     main()
+    sys.stdout.flush()
+    print(f"bench_decode: done in {time.perf_counter() - t_start:.0f} s; results above (JSON on stdout); record them in "
+          "docs/BENCHMARKS.md", file=sys.stderr, flush=True)

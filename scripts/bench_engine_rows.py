@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +41,29 @@ from jaxagent.models.generate import SamplingParams
 from jaxagent.rollout.engine import GenerationEngine
 
 
+def log(msg: str) -> None:
+    """Progress on stderr (stdout holds only the JSON line)."""
+    print(f"bench_engine_rows: {msg}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, every_s: float = 10.0):
+    """A line on stderr every ``every_s`` seconds while ``what`` runs: a long compile is never silent."""
+    stop, t0 = threading.Event(), time.perf_counter()
+
+    def beat():
+        while not stop.wait(every_s):
+            log(f"{what}: still running ({time.perf_counter() - t0:.0f} s)")
+
+    th = threading.Thread(target=beat, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="tiny-qwen2", choices=preset_names())
@@ -54,11 +79,16 @@ def main() -> None:
     if args.rows < 2 or args.rows > args.slots:
         raise SystemExit(f"--rows={args.rows}: expected 2 <= rows <= --slots={args.slots}")
 
+    t_start = time.perf_counter()
+    log(f"{args.shape}, {args.rounds} rounds of 1 then {args.rows} concurrent requests ({args.prompt} prompt + "
+        f"{args.new_tokens} new tokens each); compiling the engine first")
     vocab = 1024
     cfg = preset(args.shape, vocab_size=vocab, max_position_embeddings=max(2048, args.capacity))
     params = jax.jit(init_params, static_argnums=1)(jax.random.key(0), cfg)
     engine = GenerationEngine(params, cfg, slots=args.slots, capacity=args.capacity, decode_steps=args.decode_steps)
-    engine.warmup()
+    with heartbeat("compiling the engine"):
+        engine.warmup()
+    log(f"engine compiled ({time.perf_counter() - t_start:.0f} s); timing")
     calls: list[tuple[bool, float]] = []  # (with a prefill, seconds)
     step = engine._step
 
@@ -89,13 +119,15 @@ def main() -> None:
                        "decode_call_ms_p50": round(1e3 * float(np.median(decode)), 3),
                        "prefill_call_ms_p50": round(1e3 * float(np.median(prefill)), 3),
                        "engine_share_of_wall": round(sum(s for _, s in calls) / wall, 3)}
-        print(f"bench_engine_rows: {n} rows: {out[str(n)]}", file=sys.stderr, flush=True)
+        log(f"{n} rows: {out[str(n)]}")
     print(json.dumps({
         "bench": "engine_rows", "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} {os.cpu_count()} cpus",
         "shape": args.shape, "temperature": args.temperature, "prompt_tokens": args.prompt,
         "new_tokens": args.new_tokens, "slots": args.slots, "decode_steps": args.decode_steps, "rounds": args.rounds,
         "by_rows": out, "tokens_per_s_ratio": round(out[str(args.rows)]["tokens_per_s"] / out["1"]["tokens_per_s"], 2),
-    }))
+    }), flush=True)
+    log(f"done in {time.perf_counter() - t_start:.0f} s; results above (JSON on stdout); record them in "
+        "docs/BENCHMARKS.md")
 
 
 if __name__ == "__main__":

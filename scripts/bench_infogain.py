@@ -58,6 +58,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--naive-minibatch", type=int, default=8)
     ap.add_argument("--modes", default="naive,vmapped,shared_prefix")
     args = ap.parse_args(argv)
+    log(f"[setup] info-gain modes {args.modes} on {args.shape}, {args.batch} trajectories x {args.length} tokens: "
+        f"each mode's first call compiles, then {args.iters} timed; building the batch and the model")
     backend = jax.default_backend()
     dtype = args.dtype or ("float32" if backend == "cpu" else "bfloat16")
     cfg = preset(args.shape, dtype=DTypePolicy(dtype, dtype))
@@ -91,6 +93,7 @@ def main(argv=None) -> dict:
 
     results, outs = {}, {}
     for mode in args.modes.split(","):
+        log(f"[{mode}] first call (compiles), then {args.iters} timed")
         t0 = time.perf_counter()
         outs[mode] = run(mode)
         first = time.perf_counter() - t0
@@ -132,4 +135,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    t_start = time.perf_counter()
     main()
+    sys.stdout.flush()
+    print(f"bench_infogain: done in {time.perf_counter() - t_start:.0f} s; results above (JSON on stdout); record them in "
+          "docs/BENCHMARKS.md", file=sys.stderr, flush=True)

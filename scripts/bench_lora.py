@@ -71,6 +71,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args(argv)
+    log(f"full fine-tuning and LoRA ranks {args.ranks} on a {args.layers}-layer {args.hidden}-wide model, batch "
+        f"{args.batch} x {args.seq}: compiling each, then {args.warmup} warm-up and {args.reps} timed rounds")
 
     heads = max(1, args.hidden // 64)
     cfg = preset("small-qwen2", hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=args.layers,
@@ -91,6 +93,7 @@ def main(argv=None) -> dict:
 
     states, updates, out = {}, {}, {}
     for name, v in variants.items():
+        log(f"{name}: compiling")
         state = TrainState.create(jax.tree.map(jnp.copy, v["params"]), tx, trainable=v["trainable"])
         update = make_update(sft_loss_fn(v["config"]), tx)
         compiled = update.lower(state, batch).compile()
@@ -177,4 +180,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    t_start = time.perf_counter()
     main()
+    sys.stdout.flush()
+    print(f"bench_lora: done in {time.perf_counter() - t_start:.0f} s; results above (JSON on stdout); record them in "
+          "docs/BENCHMARKS.md", file=sys.stderr, flush=True)

@@ -367,4 +367,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    t_start = time.perf_counter()
     main()
+    sys.stdout.flush()
+    print(f"bench_model: done in {time.perf_counter() - t_start:.0f} s; results above (JSON on stdout); record them in "
+          "docs/BENCHMARKS.md", file=sys.stderr, flush=True)

@@ -50,6 +50,10 @@ def main(argv=None) -> dict:
     p.add_argument("--lengths", default="512,1024", help="new tokens per admitted row, comma-separated")
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
+    t_start = time.perf_counter()
+    n_cases = len(args.admitted.split(",")) * len(args.lengths.split(","))
+    print(f"bench_prefill: {n_cases} cases (admitted {args.admitted} x lengths {args.lengths}), {args.repeats} timed "
+          f"calls each after a compiling one; a JSON line per case", file=sys.stderr, flush=True)
     # the CPU Q&D model of docs/QD.md: hidden 128, 4 layers, the synthetic tokenizer's 2,048 ids
     cfg = preset("tiny-qwen2", vocab_size=2048, hidden_size=128, intermediate_size=384, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, num_hidden_layers=4, max_position_embeddings=args.capacity)
@@ -102,7 +106,9 @@ def main(argv=None) -> dict:
             cases.append(case)
     result = {"bench": "prefill", "slots": S, "capacity": C, "backend": jax.default_backend(),
               "repeats": args.repeats, "cases": cases}
-    print(json.dumps(result))
+    print(json.dumps(result), flush=True)
+    print(f"bench_prefill: done in {time.perf_counter() - t_start:.0f} s; results above (JSON on stdout); record them "
+          "in docs/BENCHMARKS.md", file=sys.stderr, flush=True)
     return result
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -167,6 +168,29 @@ class TimedEngine(GenerationEngine):
             self.last_call_end = time.perf_counter()
 
 
+def log(msg: str) -> None:
+    """Progress on stderr (stdout holds only the JSON line)."""
+    print(f"bench_rollout: {msg}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, every_s: float = 10.0):
+    """A line on stderr every ``every_s`` seconds while ``what`` runs: a long compile is never silent."""
+    stop, t0 = threading.Event(), time.perf_counter()
+
+    def beat():
+        while not stop.wait(every_s):
+            log(f"{what}: still running ({time.perf_counter() - t0:.0f} s)")
+
+    th = threading.Thread(target=beat, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="tiny-qwen2", choices=preset_names())
@@ -195,6 +219,10 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.settle_turns is not None:
         engine_module._SETTLE_TURNS = args.settle_turns
+    t_start = time.perf_counter()
+    log(f"{args.tasks} tasks x {args.group} episodes x {args.turns} turns, {args.shape}, {args.slots} slots, user "
+        f"delay {args.user_delay} s; ours" + ("" if args.no_lockstep else ", then the lockstep loop")
+        + " (each compiles first)")
 
     tok = load_tokenizer(args.tokenizer)
     cfg = preset(args.shape, vocab_size=tok.vocab_size, max_position_embeddings=max(2048, args.capacity))
@@ -239,12 +267,16 @@ def main(argv=None) -> dict:
         engine = TimedEngine(params, cfg, slots=args.slots, capacity=args.capacity, park_rows=park_rows,
                                   decode_steps=args.decode_steps)
         make = lambda: LLMUserEnv(client, tasks, max_user_turns=args.turns)  # noqa: E731
-        engine.warmup()  # every shape compiled before the clock starts
+        log("ours: compiling the engine's shapes")
+        with heartbeat("ours: compiling"):
+            engine.warmup()  # every shape compiled before the clock starts
         turn_key_data(jax.random.key(1), range(n_episodes), args.turns)  # as is the episodes' key derivation
+        log(f"ours: {n_episodes} episodes (timed)")
         t0 = time.perf_counter()
         trajs = await run_episodes(engine, make, tok, list(tasks), group_size=args.group, sampling=sp,
                                    key=jax.random.key(1), config=ep_cfg)
         wall = time.perf_counter() - t0
+        log(f"ours: {n_episodes / wall:.1f} episodes/s ({wall:.1f} s)")
         await client.aclose()
         span = {"head_s": engine.first_call - t0, "span_s": engine.last_call_end - engine.first_call,
                 "tail_s": t0 + wall - engine.last_call_end}
@@ -302,16 +334,20 @@ def main(argv=None) -> dict:
         batch takes its turn together, then every user answers, turn by turn."""
         client = LLMUserClient(user_cfg)
         episodes = [task for task in tasks for _ in range(args.group)]
-        for T in (16, 32, 64, 128, 256, 512, 1024):  # compile every bucket before the clock starts
-            if T + sp.max_new_tokens <= args.capacity:
-                lockstep_generate([[1] * T], jax.random.key(0)).tokens.block_until_ready()
+        log("lockstep: compiling every prompt-length bucket")
+        with heartbeat("lockstep: compiling"):
+            for T in (16, 32, 64, 128, 256, 512, 1024):  # compile every bucket before the clock starts
+                if T + sp.max_new_tokens <= args.capacity:
+                    lockstep_generate([[1] * T], jax.random.key(0)).tokens.block_until_ready()
         prefill = 0
         failures = {"episodes": 0, "errors": 0, "last_error": None}
+        log(f"lockstep: {len(episodes)} episodes in batches of {args.slots} (timed)")
         t0 = time.perf_counter()
         for c in range(0, len(episodes), args.slots):
             prefill += await lockstep_chunk(client, episodes[c : c + args.slots],
                                             jax.random.fold_in(jax.random.key(1), c), failures)
         wall = time.perf_counter() - t0
+        log(f"lockstep: {len(episodes) / wall:.1f} episodes/s ({wall:.1f} s)")
         await client.aclose()
         return wall, prefill, failures, client.stats.as_dict()
 
@@ -373,7 +409,9 @@ def main(argv=None) -> dict:
         "decode_steps_per_call": args.decode_steps,
         "jax_version": jax.__version__,
     }
-    print(json.dumps(res))
+    print(json.dumps(res), flush=True)
+    log(f"done in {time.perf_counter() - t_start:.0f} s; results above (JSON on stdout); record them in "
+        "docs/BENCHMARKS.md")
     return res
 
 

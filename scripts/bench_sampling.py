@@ -53,6 +53,9 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
+    t_start = time.perf_counter()
+    print(f"bench_sampling: {len(args.vocab) * len(args.rows) * 2} cases (vocab {args.vocab} x rows {args.rows} x "
+          f"draw, argmax), {args.repeats} calls each", file=sys.stderr, flush=True)
 
     impls = {
         "draw": {
@@ -88,7 +91,9 @@ def main() -> None:
                       "machine": f"{platform.machine()} {os.cpu_count()} cpus", "backend": jax.default_backend(),
                       "draws_per_call": args.draws, "repeats": args.repeats,
                       "old": {"draw": "jax.random.categorical (vmapped)", "argmax": "jnp.argmax"},
-                      "new": {"draw": "draw_categorical", "argmax": "argmax_first"}, "results": out}))
+                      "new": {"draw": "draw_categorical", "argmax": "argmax_first"}, "results": out}), flush=True)
+    print(f"bench_sampling: done in {time.perf_counter() - t_start:.0f} s; results above (JSON on stdout); record "
+          "them in docs/BENCHMARKS.md", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

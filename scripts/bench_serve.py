@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -33,6 +34,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,6 +48,24 @@ except ImportError:  # run from a checkout without an install
     sys.path.insert(0, str(ROOT))
 
 
+@contextlib.contextmanager
+def heartbeat(what: str, every_s: float = 10.0):
+    """A line on stderr every ``every_s`` seconds while ``what`` runs: a long compile is never silent."""
+    stop, t0 = threading.Event(), time.perf_counter()
+
+    def beat():
+        while not stop.wait(every_s):
+            print(f"bench_serve: {what}: still running ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+    th = threading.Thread(target=beat, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()
+
+
 def start_server(args, slots: int) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "jaxagent.launch", "job=serve", "serve.port=0", f"model.preset={args.preset}",
            f"rollout.slots={slots}", f"rollout.capacity={args.capacity}", f"rollout.max_tokens={args.capacity}",
@@ -53,7 +73,15 @@ def start_server(args, slots: int) -> tuple[subprocess.Popen, str]:
            f"serve.model_name={args.preset}", "serve.request_timeout_s=3600", "serve.warmup=true",
            f"runs_dir={args.runs_dir}", *args.set]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    print(f"bench_serve: starting the server with {slots} decode lane(s) (it compiles every engine shape before it "
+          "listens)", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with heartbeat("the server is building and compiling"):
+        return _wait_for_server(proc, t0)
+
+
+def _wait_for_server(proc: subprocess.Popen, t0: float) -> tuple[subprocess.Popen, str]:
     deadline = time.monotonic() + 1800  # serve.warmup compiles every engine shape first
     lines = []
     while time.monotonic() < deadline:
@@ -61,8 +89,12 @@ def start_server(args, slots: int) -> tuple[subprocess.Popen, str]:
         if not line and proc.poll() is not None:
             break
         lines.append(line)
+        if line.strip():  # the server's own progress while it builds and compiles
+            print(f"bench_serve:   server: {line.rstrip()}", file=sys.stderr, flush=True)
         m = re.search(r"on (http://\S+/v1)", line)
         if m:
+            print(f"bench_serve: server up at {m.group(1)} after {time.monotonic() - t0:.0f} s", file=sys.stderr,
+                  flush=True)
             return proc, m.group(1)
     proc.kill()
     raise SystemExit(f"bench_serve: the server did not start:\n{''.join(lines)}")
@@ -157,6 +189,10 @@ def main() -> None:
                     help="more overrides for both servers, e.g. a model shape: model.hidden_size=1024 "
                          "model.intermediate_size=4096")
     args = ap.parse_args()
+    t_start = time.perf_counter()
+    print(f"bench_serve: {args.preset}, two servers one after the other ({args.slots} lanes, then 1), clients "
+          f"{','.join(map(str, args.clients))} x {args.requests} requests of {args.max_tokens} tokens each",
+          file=sys.stderr, flush=True)
 
     from jaxagent.jobs.build import tokenizer_path
     from jaxagent.text.tokenizer import load_tokenizer
@@ -181,7 +217,9 @@ def main() -> None:
                           "one_at_a_time": single_summary.get("prefix_reuses")},
         "bar_8_clients_ge_4x": ratios.get("8", 0) >= 4.0,
     }
-    print(json.dumps(result))
+    print(json.dumps(result), flush=True)
+    print(f"bench_serve: done in {time.perf_counter() - t_start:.0f} s; results above (JSON on stdout); record them in "
+          "docs/BENCHMARKS.md", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--delay", type=float, default=0.02, help="the simulator's answer delay, seconds")
     args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    print(f"bench_sim_client: {args.requests} calls x 3 clients at each concurrency {args.concurrency}, simulator "
+          f"delay {args.delay} s", file=sys.stderr, flush=True)
     port, proc = start_simulator(args.delay, 0.0, "process")
     url = f"http://127.0.0.1:{port}/v1"
     rows = []
@@ -89,11 +92,13 @@ def main(argv=None) -> dict:
             row["httpx_over_ours"] = row["httpx_cpu_ms"] / row["ours_cpu_ms"]
             row["httpx_8_over_ours"] = row["httpx_8_cpu_ms"] / row["ours_cpu_ms"]
             rows.append(row)
-            print(json.dumps(row), file=sys.stderr)
+            print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
         proc.terminate()
     res = {"bench": "sim_client", "requests": args.requests, "delay_s": args.delay, "rows": rows}
-    print(json.dumps(res))
+    print(json.dumps(res), flush=True)
+    print(f"bench_sim_client: done in {time.perf_counter() - t_start:.0f} s; results above (JSON on stdout); record "
+          "them in docs/BENCHMARKS.md", file=sys.stderr, flush=True)
     return res
 
 

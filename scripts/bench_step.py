@@ -35,11 +35,13 @@ The last line of stdout is one JSON object; progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -78,6 +80,24 @@ from jaxagent.train.step import StepShardings, TrainState, learning_rate, make_o
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, every_s: float = 10.0):
+    """A line on stderr every ``every_s`` seconds while ``what`` runs: a long compile is never silent."""
+    stop, t0 = threading.Event(), time.perf_counter()
+
+    def beat():
+        while not stop.wait(every_s):
+            log(f"{what}: still running ({time.perf_counter() - t0:.0f} s)")
+
+    th = threading.Thread(target=beat, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()
 
 
 class CompileCounter:
@@ -122,6 +142,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--config", default=None, help="a run config YAML (as python -m jaxagent.launch --config)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a dotted config override")
     args = ap.parse_args(argv)
+    log(f"[setup] one GRPO and one InfoPO step on the same batch: {args.warmup} warm-up and {args.reps} timed rounds; "
+        "building the model, environment and engine")
 
     ov = [] if args.config else list(SHAPE)  # a config file's own batch shape stands
     for flag, key in (("preset", "model.preset"), ("hidden", "model.hidden_size"), ("layers", "model.num_hidden_layers"),
@@ -177,9 +199,11 @@ def main(argv=None) -> dict:
 
     # --- the batch
     compiles = CompileCounter()
+    log("[rollout] engine warm-up (compiles every shape) + first rollout")
     t0 = time.perf_counter()
-    engine.warmup()
-    trajs = rollout()
+    with heartbeat("[rollout] warm-up + first rollout"):
+        engine.warmup()
+        trajs = rollout()
     log(f"[rollout] engine warm-up + first rollout {time.perf_counter() - t0:.1f}s")
     n_turns = max(len(t.action_spans()) for t in trajs)
     batch, _ = collate(trajs, multiple=cfg.rl.length_multiple, turns=max(n_turns, cfg.rollout.max_turns))
@@ -295,4 +319,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    t_start = time.perf_counter()
     main()
+    sys.stdout.flush()
+    print(f"bench_step: done in {time.perf_counter() - t_start:.0f} s; results above (JSON on stdout); record them in "
+          "docs/BENCHMARKS.md", file=sys.stderr, flush=True)

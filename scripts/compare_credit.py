@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Credit assignment compared: GRPO vs InfoPO vs Faca vs InfoPO+Faca, the InfoPO ablations and the
+"""Credit assignment compared: GRPO vs InfoPO vs Faca vs InfoPO+Faca, the InfoPO ablations and the controls.
 
 The code is `jaxagent.jobs.experiments.credit_grid` (its docstring has the options); this file keeps the
 documented command `python3 scripts/compare_credit.py ...` working from a source checkout."""

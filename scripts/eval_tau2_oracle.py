@@ -58,6 +58,9 @@ async def run(domain: str, split: str, data_dir: str | None, k: int) -> tuple[li
         return Tau2Env(tasks, customer=scripted_customers(), data_dir=data_dir, domain=domain)
 
     oracle, broken = [], []
+    print(f"[{domain}/{split}] {len(tasks)} tasks: the oracle x k={k}"
+          + (" and each task's broken variants" if has_broken else "") + "; a line every "
+          f"{PROGRESS_EVERY_S:.0f} s", file=sys.stderr, flush=True)
     start = last = time.perf_counter()
     for i, (tid, task) in enumerate(tasks.items(), 1):
         for seed in range(k):
@@ -149,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(summaries))
     print()
     print(json.dumps({"runs": results, "missed": len(missed), "leaked": len(leaked),
-                      "wall_s": round(time.perf_counter() - t0, 1)}))
+                      "wall_s": round(time.perf_counter() - t0, 1)}), flush=True)
+    where = f"; episodes in {args.out}" if args.out else " (--out FILE keeps every episode)"
+    print(f"eval_tau2_oracle: done in {time.perf_counter() - t0:.0f} s; results above (table and JSON on stdout)"
+          f"{where}", file=sys.stderr)
     return 1 if missed or leaked else 0
 
 

@@ -72,7 +72,8 @@ def main() -> None:
             target / "expected.npz", tokens=tokens, attention_mask=mask, position_ids=positions, logits=logits
         )
         files = sorted(p.name for p in target.iterdir())
-        print(json.dumps({"fixture": name, "files": files, "max_abs_logit": float(np.abs(logits).max())}))
+        print(json.dumps({"fixture": name, "files": files, "max_abs_logit": float(np.abs(logits).max())}), flush=True)
+    print(f"make_fixtures: wrote {', '.join(VARIANTS)} under {out}/", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from pathlib import Path
 
 # Qwen2's pre-tokenizer split (contractions, letters, single digits, punctuation runs with their
@@ -303,7 +304,8 @@ def main(argv=None) -> None:
         write_fixture(args.out / name, tok, template)
         files = sorted(p.name for p in (args.out / name).iterdir())
         size = sum(p.stat().st_size for p in (args.out / name).iterdir())
-        print(json.dumps({"fixture": name, "files": files, "bytes": size, "vocab_size": tok.get_vocab_size()}))
+        print(json.dumps({"fixture": name, "files": files, "bytes": size, "vocab_size": tok.get_vocab_size()}), flush=True)
+    print(f"make_tokenizer_fixture: wrote tokenizer_qwen, tokenizer_qwen3 under {args.out}/", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,12 @@ Prints one JSON object per setting.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 import jax
@@ -37,6 +40,29 @@ from jaxagent.train.collate import collate  # noqa: E402
 from jaxagent import jobs  # noqa: E402
 from jaxagent.train.rl import RLTrainer  # noqa: E402
 from jaxagent.train.step import OptimSettings, TrainState, make_optimizer  # noqa: E402
+
+
+def log(msg: str) -> None:
+    """Progress on stderr; stdout holds the JSON lines."""
+    print(f"probe_rl_update: {msg}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, every_s: float = 10.0):
+    """A line on stderr every ``every_s`` seconds while ``what`` runs: long work is never silent."""
+    stop, t0 = threading.Event(), time.perf_counter()
+
+    def beat():
+        while not stop.wait(every_s):
+            log(f"{what}: still running ({time.perf_counter() - t0:.0f} s)")
+
+    th = threading.Thread(target=beat, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()
 
 
 def parse_optim(spec: str) -> tuple[OptimSettings, float | None]:
@@ -63,6 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--probe-tasks", type=int, default=16)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
+    log(f"{len(args.optim)} optimizer setting(s) x {args.updates} update(s), probed on {args.probe_tasks} tasks; "
+        "building the model, environment and engine")
     cfg = load_config(None, ["job=rl", "progress=false", "name=probe_rl_update", "runs_dir=/tmp/probe_rl_update",
                              "resume=false", *args.overrides])
     import shutil
@@ -84,8 +112,12 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(cfg.seed)
     order = rng.permutation(len(run.train_tasks))
     n = cfg.rl.tasks_per_step
-    train = base.rollout([run.train_tasks[i] for i in order[:n]], jax.random.key(cfg.seed))
-    probe = base.rollout([run.train_tasks[i] for i in order[n : n + args.probe_tasks]], jax.random.key(cfg.seed + 1))
+    log(f"rolling out the training batch ({n} tasks x {cfg.rl.group_size}) and the probe batch ({args.probe_tasks} "
+        f"tasks x {cfg.rl.group_size})")
+    with heartbeat("rolling out"):
+        train = base.rollout([run.train_tasks[i] for i in order[:n]], jax.random.key(cfg.seed))
+        probe = base.rollout([run.train_tasks[i] for i in order[n : n + args.probe_tasks]],
+                             jax.random.key(cfg.seed + 1))
     batch, _ = collate(probe, multiple=cfg.rl.length_multiple)
     ok = np.asarray([t.outcome_reward >= cfg.rl.success_threshold - 1e-9 for t in probe])
     mask = np.asarray(batch.loss_mask_BL) > 0
@@ -93,9 +125,11 @@ def main(argv=None) -> int:
     print(json.dumps({"train_success": float(np.mean([t.outcome_reward >= 1 - 1e-9 for t in train])),
                       "probe_success": float(ok.mean()), "probe_episodes": len(probe)}), flush=True)
     for spec in args.optim:
+        log(f"{spec}: {args.updates} update(s), then the probe scored")
         t = trainer_for(*parse_optim(spec))
-        for u in range(args.updates):
-            m = t.train_on(train, jax.random.fold_in(jax.random.key(cfg.seed), u))
+        with heartbeat(spec):
+            for u in range(args.updates):
+                m = t.train_on(train, jax.random.fold_in(jax.random.key(cfg.seed), u))
         lp1 = np.asarray(t.scores(t.state.params, batch.tokens_BL))
         d = np.where(mask, lp1 - lp0, 0.0).sum(axis=1)
         kl = float(np.where(mask, lp0 - lp1, 0.0).sum() / mask.sum())  # k1 estimate of KL(old || new)
@@ -107,6 +141,7 @@ def main(argv=None) -> int:
                           "dlogp_failure": float(d[~ok].mean()) if (~ok).any() else None,
                           "kl_old_new_per_token": kl, "param_step_norm": step,
                           "grad_cos_halves": m.get("update/grad_cos_halves")}), flush=True)
+    log("done; results above (JSON lines on stdout: the batches, then one per optimizer setting)")
     return 0
 
 

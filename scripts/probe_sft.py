@@ -39,6 +39,9 @@ from jaxagent.eval.rollouts import evaluate
 from jaxagent.train.step import TrainState, learning_rate, make_optimizer, make_update, sequence_scores, sft_loss_fn
 
 args = sys.argv[1:]
+if args[:1] in (["-h"], ["--help"]):
+    print(__doc__)
+    sys.exit(0)
 NOTES = ("newest-first", "in-order", "in-order-commas", "fixed-slots")
 note = "newest-first"
 if args[:1] == ["--note"]:
@@ -67,7 +70,8 @@ cfg = load_config(None, args)
 rules = LogicalRules(make_mesh(cfg.mesh))
 tok = jobs.build_tokenizer(cfg)
 qcfg, params = jobs.build_model(cfg, tok, rules)
-print("params", jobs.param_count(params), file=sys.stderr)
+print("params", jobs.param_count(params), f"; SFT {cfg.sft.steps} steps (a line every 50), then 32 held-out "
+      "episodes", file=sys.stderr, flush=True)
 t0 = time.perf_counter()
 data = jobs.sft_data(cfg, tok)
 held = [render_demo(d, tok, tool_schemas_in_prompt=cfg.rollout.tool_schemas_in_prompt)
@@ -115,3 +119,4 @@ for t in [t for t in trajs if t.outcome_reward < 1][:int(os.environ.get("PROBE_S
             print("  A", line.split('"content": ')[-1][:-2], file=sys.stderr)
         elif line.startswith("<|im_start|>user") and j + 1 < len(lines) and not lines[j + 1].startswith("<tool_response>"):
             print("  U", lines[j + 1], file=sys.stderr)
+print("probe_sft: done; results: the JSON line on stdout (failed episodes above, on stderr)", file=sys.stderr, flush=True)

@@ -36,6 +36,8 @@ DPO_LR=${DPO_LR:-3e-5}           # 1e-4 made stage 2 emit broken JSON (docs/QD.m
 MICRO=${MICRO:-1}                # microbatches per SFT / DPO step (memory: long prompts want more)
 POLICY="tokenizer=$TOK rollout.capacity=$CAPACITY rollout.slots=32 qd.concurrency=32 qd.max_new_tokens=128 qd.temperature=$TEMP"
 mkdir -p "$OUT"
+echo "[qd_pipeline] BENCH=$BENCH into $OUT/: 9 steps (demos, warm, label, stage1, stage2, stage3, eval_stage1..3)," \
+  "each one launch whose progress follows; a finished step is skipped" >&2
 
 step() {  # step NAME key=value ...: one launch into OUT/NAME, skipped when it finished before
   local name=$1
@@ -45,10 +47,12 @@ step() {  # step NAME key=value ...: one launch into OUT/NAME, skipped when it f
     return 0
   fi
   echo "[qd_pipeline] $name" >&2
-  python -m jaxagent.launch runs_dir="$OUT" name="$name" progress=false "$@"
+  # a step cut short (no summary) starts over: overwrite=true replaces what it left
+  python -m jaxagent.launch runs_dir="$OUT" name="$name" progress=true overwrite=true "$@"
 }
 
 if [ "$BENCH" = synthetic ]; then
+  [ -s "$OUT/tasks.json" ] || echo "[qd_pipeline] tasks: $SYN_TASKS synthetic tasks into $OUT/tasks.json" >&2
   [ -s "$OUT/tasks.json" ] || python -m jaxagent.qd.synthetic "$OUT/tasks.json" --n "$SYN_TASKS" --depth 2 --breadth 1 --pool 8 --seed 1
   SUITE="qd.benchmark=synthetic qd.file=$OUT/tasks.json"
 else
@@ -79,3 +83,5 @@ for stage in stage1 stage2 stage3; do
   step "eval_$stage" job=qd_eval $SUITE qd.first_task="$EVAL_FIRST" qd.tasks="$EVAL_TASKS" qd.seeds="$SEEDS" \
     qd.questioner=policy model.path="$OUT/$stage/hf" qd.baseline=policy qd.baseline_model="$OUT/warm/hf" $POLICY
 done
+echo "[qd_pipeline] done: results in $OUT/eval_stage1/, $OUT/eval_stage2/ and $OUT/eval_stage3/ (summary.json:" \
+  "each stage against the warm model; docs/QD.md reads them)" >&2

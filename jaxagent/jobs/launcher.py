@@ -147,7 +147,8 @@ def plan(cfg: RunConfig, paths: dict[str, Any] | None = None) -> dict:
         shapes_from = (f"model.preset={cfg.model.preset!r} (model.path={cfg.model.path!r} not downloaded yet: "
                        "no config.json here)")
         qcfg = preset(cfg.model.preset, dtype=model_config(dataclasses.replace(
-            cfg, model=dataclasses.replace(cfg.model, path=None)), 64).dtype)
+            cfg, model=dataclasses.replace(cfg.model, path=None), serve=dataclasses.replace(cfg.serve, adapter=None)),
+            64).dtype)
     elif cfg.tokenizer != BUILTIN_TOKENIZER and not Path(cfg.tokenizer).is_dir():  # a Hub tokenizer, not here yet
         shapes_from = (f"model.preset={cfg.model.preset!r} with its own vocabulary (tokenizer={cfg.tokenizer!r} "
                        "not downloaded yet)")

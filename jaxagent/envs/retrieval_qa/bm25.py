@@ -36,8 +36,11 @@ class PoolIndex:
     """A BM25 index over one pool of (title, text) documents (pool index = position)."""
 
     def __init__(self, docs: Sequence[tuple[str, str]], *, k1: float = K1, b: float = B):
+        import logging
+
         import bm25s
 
+        logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its logger to DEBUG: a line per index
         self.k1, self.b = k1, b
         self.n = len(docs)
         self.tokens = [tokenize(f"{title} {text}") for title, text in docs]

@@ -59,7 +59,8 @@ IGNORED_IN_CONFIG_CHECK = ("resume", "progress")
 
 
 def log(msg: str) -> None:
-    print(f"[compare_credit] {msg}", file=sys.stderr, flush=True)
+    """A progress line on stderr, prefixed with the script that runs the grid (``[bench_credit]``, ...)."""
+    print(f"[{Path(sys.argv[0]).stem or 'grid'}] {msg}", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -255,7 +256,7 @@ def run_grid(*, gyms: Sequence[str], seeds: Sequence[int], conditions: Sequence[
             jobs[key] = {"name": name, "rc": 0, "skipped": True}
             log(f"{name}: done before, skipped")
             return
-        log(f"{name}: running")
+        log(f"{name}: running (its log: {run_dir / 'launch.log'})")
         res = launcher(overrides, config_file, run_dir)
         ok = res["rc"] == 0 and (run_dir / "summary.json").exists()
         jobs[key] = {"name": name, "skipped": False, **res, "rc": res["rc"] if res["rc"] else (0 if ok else 1)}
@@ -276,6 +277,8 @@ def run_grid(*, gyms: Sequence[str], seeds: Sequence[int], conditions: Sequence[
            for g in gyms for s in seeds for c in conditions]
     for _, o in sfts + rls:
         check_existing(root / _name(o), plain_config(config_file, o))
+    log(f"{len(sfts)} SFT warm starts, then {len(rls)} RL runs, {max(1, parallel)} at a time, under {root}/ "
+        "(finished runs are skipped)")
     pool(sfts)
     ready = [(k, o) for k, o in rls if jobs[("sft", k[1], k[2], None)]["rc"] == 0]
     for k, o in rls:

@@ -27,9 +27,11 @@ Prints one JSON object. Settings: the quickstart's RL defaults, then ``key=value
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -100,6 +102,10 @@ def main(argv=None) -> int:
     if cfg.rl.credit != "infopo":
         raise SystemExit(f"rl.credit={cfg.rl.credit!r}: this probe reads InfoPO's info term alone; expected infopo")
     shutil.rmtree(Path(cfg.runs_dir) / cfg.name, ignore_errors=True)
+    t0 = time.perf_counter()
+    say = functools.partial(print, file=sys.stderr, flush=True)
+    say(f"[probe_credit] {args.batches} batches of {cfg.rl.tasks_per_step} tasks x {cfg.rl.group_size} episodes: "
+        "building the model and engine")
     run = jobs.prepare(cfg)
     trainer = build_trainer(run, run.params)
     rng = np.random.default_rng(cfg.seed)
@@ -119,6 +125,7 @@ def main(argv=None) -> int:
         valid.append(np.asarray(diag["info_valid_BT"]))
         cols["reward"] += [t.outcome_reward for t in trajs]
         cols["group"] += [b * n + t.group_id for t in trajs]
+        say(f"[probe_credit] batch {b + 1}/{args.batches} done, {time.perf_counter() - t0:.0f} s")
     out = summarise(cols["push"], cols["n"], cols["reward"], cols["group"], cfg.rl.success_threshold)
     n_tok = float(np.sum(cols["n"]))
     out.update(l1_per_token={"info": float(np.sum(cols["info_l1"]) / n_tok),
@@ -129,6 +136,7 @@ def main(argv=None) -> int:
                infopo_negative_weight=cfg.infopo.negative_weight, grpo_negative_weight=cfg.grpo.negative_weight,
                batches=args.batches)
     print(json.dumps(out), flush=True)
+    say(f"[probe_credit] done in {time.perf_counter() - t0:.0f} s; results above (JSON on stdout)")
     return 0
 
 

@@ -320,7 +320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    gym=args.gym, sft_settings=user, rl_settings=[*LEARNING, *args.overrides], failed=failed,
                    wall_s=time.perf_counter() - t0,
                    date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), machine=cc.machine())
-    print(json.dumps(summary))
+    print(json.dumps(summary), flush=True)
+    log(f"done in {time.perf_counter() - t0:.0f} s; the per-iteration rows and the summary above (JSON on stdout); the "
+        f"runs in {args.runs_dir}/{args.prefix}_{args.gym}_s*; record them in docs/RESULTS.md")
     return 1 if failed else 0
 
 
