@@ -1,13 +1,24 @@
-"""The server's pure parts: request validation (every refusal names its field), the streamed text
-split (deltas add up to the final split, whatever the chunking), stop strings, the session index,
-the requests' keys."""
+"""The server's pure parts: request validation (every refusal names its field: structure, types,
+tool schemas as JSON Schema, the order of tool calls and results), the streamed text split (deltas
+add up to the final split, whatever the chunking), stop strings, the session index, the requests'
+keys."""
+
+import json
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxagent.serve.protocol import APIError, parse_chat, parse_completion
+from jaxagent.serve.protocol import (
+    MAX_DEPTH,
+    MAX_SCHEMA_NODES,
+    MAX_TOOLS,
+    APIError,
+    _schema_problem,
+    parse_chat,
+    parse_completion,
+)
 from jaxagent.serve.server import MIN_REUSE, SessionIndex, request_key_data, splitmix64
 from jaxagent.serve.streaming import TextStream, _held_tail, cut_at_stop, visible
 from jaxagent.text.toolcalls import parse_assistant
@@ -62,7 +73,9 @@ def test_a_chat_request_is_read_with_openai_defaults():
     ({"n": 5}, "n"), ({"n": 0}, "n"), ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"stop": [""]}, "stop"),
     ({"seed": "s"}, "seed"), ({"stream": "yes"}, "stream"), ({"stream_options": {"include_usage": True}},
                                                               "stream_options"),
-    ({"tools": {"name": "f"}}, "tools"), ({"tools": [{"type": "function", "function": {}}]}, "tools[0]"),
+    ({"stream": True, "stream_options": {"include_usage": [1]}}, "stream_options.include_usage"),
+    ({"tools": {"name": "f"}}, "tools"),
+    ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
@@ -94,6 +107,241 @@ def test_completion_prompts_in_every_openai_form():
     refused({**ask, "prompt": "a", "echo": True}, "echo", completion=True)
     refused({**ask, "prompt": "a", "logprobs": 5}, "logprobs", completion=True)
     refused({**ask, "prompt": "a", "suffix": "z"}, "suffix", completion=True)
+
+
+# ----------------------------------------------------------------------------- structure, tools, order
+def test_a_lone_surrogate_anywhere_is_refused_by_its_path():
+    """``"a\ud800b"`` parses in Python's json but cannot be encoded (it was a 500): refused where it is,
+    in a field the server reads, one it ignores, a key, a completion prompt or call arguments."""
+    bad = "a\ud800b"
+    refused({**CHAT, "messages": [{"role": "user", "content": bad}]}, "messages[0].content")
+    refused({**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": bad}]}]},
+            "messages[0].content[0].text")
+    refused({**CHAT, "user": bad}, "user")
+    refused({**CHAT, "stop": ["x", bad]}, "stop[1]")
+    refused({**CHAT, "metadata": {"a\udc00": 1}}, 'metadata["a\\udc00"]')
+    refused({"model": "m", "prompt": ["ok", bad]}, "prompt[1]", completion=True)
+    message = refused({**CHAT, "model": bad}, "model")
+    message.encode()  # the error itself is sendable (the value shown escaped)
+    # inside a call's arguments string, escaped as JSON: what it holds is checked too
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": ["\\ud800"]}'}}]}]
+    refused({**CHAT, "messages": msgs}, "messages[1].tool_calls[0].function.arguments.x[0]")
+    # a valid pair is one character, not a surrogate
+    assert parse_chat({**CHAT, "messages": [{"role": "user", "content": json.loads('"\\ud83d\\ude00"')}]},
+                      max_n=4).messages[0]["content"] == "\U0001F600"
+
+
+def nest(depth: int, leaf=1):
+    value = leaf
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_nesting_deeper_than_the_limit_is_refused_by_its_path():
+    assert MAX_DEPTH == 64
+    parse_chat({**CHAT, "metadata": nest(MAX_DEPTH - 1)}, max_n=4)  # the body is level 1
+    # the path of the first array/object past the limit: metadata's list is level 2
+    message = refused({**CHAT, "metadata": nest(MAX_DEPTH)}, "metadata" + "[0]" * (MAX_DEPTH - 1))
+    assert f"more than {MAX_DEPTH} deep" in message
+    refused({**CHAT, "metadata": nest(100_000)}, "metadata" + "[0]" * (MAX_DEPTH - 1))  # no RecursionError
+    refused({"model": "m", "prompt": "a", "x": {"y": nest(200)}}, "x.y" + "[0]" * (MAX_DEPTH - 2), completion=True)
+    deep_args = json.dumps(nest(MAX_DEPTH))  # fits in its string, not where it lands
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": f'{{"a": {deep_args}}}'}}]}]
+    with pytest.raises(APIError) as e:
+        parse_chat({**CHAT, "messages": msgs}, max_n=4)
+    # the body, messages, the message, tool_calls, the call and function enclose the arguments' object
+    assert e.value.param == "messages[1].tool_calls[0].function.arguments.a" + "[0]" * (MAX_DEPTH - 7)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_nan_and_infinity_are_not_json(value):
+    refused({**CHAT, "temperature": value}, "temperature")
+    refused({**CHAT, "extra": {"v": [value]}}, "extra.v[0]")
+
+
+def tool(parameters=None, name="f", **function):
+    fn = {"name": name, **function}
+    if parameters is not None:
+        fn["parameters"] = parameters
+    return {"type": "function", "function": fn}
+
+
+@pytest.mark.parametrize("tools, param", [
+    ([tool("garbage")], "tools[0].function.parameters"),
+    ([tool([1, 2])], "tools[0].function.parameters"),
+    ([tool(True)], "tools[0].function.parameters"),
+    ([tool({"properties": {}})], "tools[0].function.parameters.type"),  # OpenAI: type "object" at the top
+    ([tool({"type": "string"})], "tools[0].function.parameters.type"),
+    ([tool({"type": "object", "properties": {"a": {"type": 5}}})], "tools[0].function.parameters.properties.a.type"),
+    ([tool({"type": "object", "properties": {"a": {"type": "strin"}}})],
+     "tools[0].function.parameters.properties.a.type"),
+    ([tool({"type": "object", "required": "a"})], "tools[0].function.parameters.required"),
+    ([tool({"type": "object", "properties": []})], "tools[0].function.parameters.properties"),
+    ([tool({"type": "object", "properties": {"a": {"pattern": "("}}})],
+     "tools[0].function.parameters.properties.a.pattern"),
+    ([tool({"type": "object", "$schema": "http://example.com/no-such-draft"})],
+     'tools[0].function.parameters["$schema"]'),
+    ([tool({"type": "object", "$schema": "http://["})], 'tools[0].function.parameters["$schema"]'),
+    ([tool({"type": "object", "$schema": 7})], 'tools[0].function.parameters["$schema"]'),
+    ([tool(name="x" * 10_000)], "tools[0].function.name"),  # was reported against messages
+    ([tool(name="x" * 65)], "tools[0].function.name"),
+    ([tool(name="get weather")], "tools[0].function.name"),
+    ([tool(name="a.b")], "tools[0].function.name"),
+    ([tool(name="")], "tools[0].function.name"),
+    ([tool(), tool(name=5)], "tools[1].function.name"),
+    ([tool(description=["d"])], "tools[0].function.description"),
+    ([tool(strict="yes")], "tools[0].function.strict"),
+    ([{"type": "retrieval", "function": {"name": "f"}}], "tools[0].type"),
+    ([{"type": "function"}], "tools[0].function"),
+    (["f"], "tools[0]"),
+])
+def test_a_bad_tool_is_refused_by_its_field(tools, param):
+    message = refused({**CHAT, "tools": tools}, param)
+    assert message.startswith(param)
+    message.encode()
+
+
+def test_the_tools_are_bounded_in_number_and_schema_size():
+    assert (MAX_TOOLS, MAX_SCHEMA_NODES) == (128, 2048)
+    refused({**CHAT, "tools": [tool(name=f"f{i}") for i in range(MAX_TOOLS + 1)]}, "tools")
+    props = lambda n: {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(n)}}
+    parse_chat({**CHAT, "tools": [tool(props(MAX_SCHEMA_NODES - 2))]}, max_n=4)  # 2 + n objects: just at the limit
+    # together: the second tool's schema takes the count past the limit (and is not checked: cheap to refuse)
+    message = refused({**CHAT, "tools": [tool(props(MAX_SCHEMA_NODES // 2)), tool(props(MAX_SCHEMA_NODES // 2), "g")]},
+                      "tools[1].function.parameters")
+    assert f"more than {MAX_SCHEMA_NODES} objects and arrays" in message
+
+
+def test_good_tool_schemas_pass():
+    from jaxagent.envs.gyms.common import TOOL_SCHEMA
+    from jaxagent.envs.tau2 import DOMAINS, get_domain
+
+    ok = [tool(), tool({}), tool({"type": "object"}, name="A-b_9" + "x" * 59),
+          tool({"type": "object", "properties": {"when": {"type": "string", "format": "date-time"}},
+                "$defs": {"d": {"type": "integer"}}, "additionalProperties": False}, description="d", strict=True),
+          tool({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+                "definitions": {"d": {"type": "integer"}}, "properties": {"x": {"$ref": "#/definitions/d"}}}),
+          {"function": {"name": "no_type_field", "parameters": {"type": "object"}}}, TOOL_SCHEMA]
+    for name in DOMAINS:  # the repo's own tools, as its clients send them
+        domain = get_domain(name)
+        ok += list(domain.tool_schemas()) + list(domain.user_tool_schemas())
+    req = parse_chat({**CHAT, "tools": ok}, max_n=4)
+    assert len(req.tools) == len(ok) and req.parse_tools
+    hits = _schema_problem.cache_info().hits
+    assert parse_chat({**CHAT, "tools": ok}, max_n=4).tools == req.tools
+    checked = sum(bool(t["function"].get("parameters")) for t in ok)  # no parameters, or {}: nothing to check
+    assert _schema_problem.cache_info().hits - hits == checked  # the second time, every verdict comes from the cache
+
+
+def calls(*ids, name="f"):
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {**({"id": i} if i is not None else {}), "type": "function", "function": {"name": name, "arguments": "{}"}}
+        for i in ids]}
+
+
+def result(call_id=None, content="ok"):
+    return {"role": "tool", "content": content, **({"tool_call_id": call_id} if call_id is not None else {})}
+
+
+USER = {"role": "user", "content": "go"}
+
+
+@pytest.mark.parametrize("messages, param", [
+    ([result("c")], "messages[0].tool_call_id"),  # a tool message first
+    ([USER, result("c")], "messages[1].tool_call_id"),  # after no call
+    ([USER, calls("a"), result("b")], "messages[2].tool_call_id"),  # an id that answers no call
+    ([USER, calls("a"), result("a"), result("a")], "messages[3].tool_call_id"),  # answered already
+    ([USER, calls("a"), USER, result("a")], "messages[3].tool_call_id"),  # not in the run after the call
+    ([USER, calls("a"), result("a"), {"role": "assistant", "content": "x"}, result("a")],
+     "messages[4].tool_call_id"),
+    ([USER, calls("a", "b"), result(), result(), result()], "messages[4].tool_call_id"),  # beyond the calls
+    ([USER, calls(None), result("x")], "messages[2].tool_call_id"),  # the call has no id to answer
+    ([USER, {**result("a"), "tool_call_id": 5}], "messages[1].tool_call_id"),
+])
+def test_a_tool_message_must_answer_a_call_before_it(messages, param):
+    message = refused({**CHAT, "messages": messages}, param)
+    assert "call" in message
+
+
+def test_tool_messages_that_answer_their_calls_pass():
+    for messages in (
+            [USER, calls("a", "b"), result("b"), result("a"), {"role": "assistant", "content": "done"}],
+            [USER, calls("a", "b"), result(), result()],  # without ids: in order (the template pairs them so)
+            [USER, calls("a", "b"), result("b"), result()],  # the first call not answered: a
+            [USER, calls(None, None), result(), result()],
+            [USER, calls("a", "b"), result("a")],  # a call left unanswered is not refused
+            [USER, calls("a"), result("a"), calls("a"), result("a")],  # ids may repeat across turns
+            [USER, calls("a", "a"), result("a"), result("a")],
+    ):
+        parse_chat({**CHAT, "messages": messages}, max_n=4)
+
+
+def test_the_endpoint_agents_history_passes():
+    """The repo's own client (tau2's EndpointAgent) numbers its tool messages with the ids of the
+    calls they answer, including the error results of calls it could not parse."""
+    from jaxagent.envs.base import EnvMessage
+    from jaxagent.envs.tau2.agents import EndpointAgent
+
+    agent = EndpointAgent(client=None)
+    agent.observe([EnvMessage("system", "policy"), EnvMessage("user", "hi")], {})
+    agent.history.append({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "x1", "type": "function", "function": {"name": "find", "arguments": '{"q": 1}'}},
+        {"id": "x2", "type": "function", "function": {"name": "unknown", "arguments": "{}"}}]})
+    agent.observe([EnvMessage("tool", "found", tool_call_id="call_0", name="find"),
+                   EnvMessage("tool", "Error: the tool call could not be parsed (bad_arguments)")], {})
+    req = parse_chat({**CHAT, "messages": agent.history}, max_n=4)
+    assert [m.get("tool_call_id") for m in req.messages] == [None, None, None, "x1", "x2"]
+
+
+@pytest.mark.parametrize("message, param", [
+    ({"role": "tool", "content": "r", "tool_call_id": "a", "name": 3}, "messages[2].name"),
+    ({"role": "assistant", "content": "x", "reasoning_content": 3}, "messages[2].reasoning_content"),
+    ({"role": "assistant", "content": None, "tool_calls": ["f"]}, "messages[2].tool_calls[0]"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"id": 1, "function": {"name": "f", "arguments": "{}"}}]},
+     "messages[2].tool_calls[0].id"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"type": "x", "function": {"name": "f", "arguments": "{}"}}]},
+     "messages[2].tool_calls[0].type"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"name": "f", "arguments": "{}"}]},
+     "messages[2].tool_calls[0].function"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]},
+     "messages[2].tool_calls[0].function.name"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{not json"}}]},
+     "messages[2].tool_calls[0].function.arguments"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]},
+     "messages[2].tool_calls[0].function.arguments"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "[" * 100_000}}]},
+     "messages[2].tool_calls[0].function.arguments"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]},
+     "messages[2].tool_calls[0].function.arguments"),
+])
+def test_a_wrong_type_in_a_message_is_refused_by_its_field(message, param):
+    prior = [USER, calls("a")] if message["role"] == "tool" else [USER, {"role": "assistant", "content": "x"}]
+    refused({**CHAT, "messages": [*prior, message]}, param)
+
+
+def test_call_arguments_reach_the_renderer_parsed():
+    msgs = [USER, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": '{"x": [1, "y"]}'}},
+        {"id": "b", "function": {"name": "g", "arguments": {"z": None}}},
+        {"id": "c", "function": {"name": "h", "arguments": "  "}}]}]  # blank: no arguments (some servers send "")
+    got = parse_chat({**CHAT, "messages": msgs}, max_n=4).messages[1]["tool_calls"]
+    assert [c["function"]["arguments"] for c in got] == [{"x": [1, "y"]}, {"z": None}, {}]
+    assert [c["id"] for c in got] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("key", ["tools", "messages", "add_generation_prompt", "raise_exception", "namespace",
+                                 "a b", "1x", ""])
+def test_template_kwargs_may_not_replace_what_the_server_sets(key):
+    param = "chat_template_kwargs" + (f".{key}" if key.isidentifier() else f"[{json.dumps(key)}]")
+    refused({**CHAT, "chat_template_kwargs": {key: "x"}}, param)
+
+
+def test_template_kwargs_pass():
+    req = parse_chat({**CHAT, "chat_template_kwargs": {"enable_thinking": False, "custom_var": [1]}}, max_n=4)
+    assert req.template_kwargs == {"enable_thinking": False, "custom_var": [1]}
 
 
 # ----------------------------------------------------------------------------- the streamed split

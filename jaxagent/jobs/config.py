@@ -62,6 +62,8 @@ class ServeSection:
     retry_after_s: int = helped(1, "the Retry-After of a 429")
     request_timeout_s: float = helped(600.0, "a request running longer is cancelled and answered 504")
     shutdown_timeout_s: float = helped(30.0, "on SIGINT/SIGTERM, seconds in-flight requests get to finish")
+    max_body_bytes: int = helped(4 * 2**20, "a request body larger than this is refused with 413 before it is read "
+                                            "whole")
     warmup: bool = helped(False, "compile every engine shape before listening (slower start, no compile on a "
                                 "first request)")
 
@@ -80,6 +82,7 @@ class ServeSection:
             at_least(f, getattr(self, f), 1)
         for f in ("max_queue", "retry_after_s"):
             at_least(f, getattr(self, f), 0)
+        at_least("max_body_bytes", self.max_body_bytes, 1024, "an integer >= 1024 (bytes)")
         for f in ("request_timeout_s", "shutdown_timeout_s"):
             number_in(f, getattr(self, f), lo=0.0, lo_open=True, what="a finite number of seconds > 0")
         if self.model_name is not None and not self.model_name.strip():

@@ -77,7 +77,7 @@ def build_server(cfg: RunConfig) -> tuple[PolicyServer, dict[str, Any]]:
     s = cfg.serve
     settings = ServeSettings(model_name=model_name(cfg), max_tokens=s.max_tokens, max_n=s.max_n, max_queue=s.max_queue,
                              retry_after_s=s.retry_after_s, request_timeout_s=s.request_timeout_s, api_key=key,
-                             seed=cfg.seed)
+                             seed=cfg.seed, max_body_bytes=s.max_body_bytes)
     what = {"model": settings.model_name, "path": cfg.model.path, "adapter": s.adapter,
             "weights": "checkpoint" if cfg.model.path else f"random ({cfg.model.preset}, model.init_seed)",
             "model_params": param_count(params), "slots": r.slots, "capacity": r.capacity}
@@ -97,6 +97,9 @@ def run_serve(cfg: RunConfig) -> dict[str, Any]:
     # SIGINT/SIGTERM stop the server gracefully, also when they come before it runs (during the
     # warmup: it then stops as soon as it has started). uvicorn raises the signal again for the
     # handler it found when it stops: this one notes it, so the job ends with its summary, exit 0.
+    # Stopping drains (`uvicorn_server`): in-flight requests get serve.shutdown_timeout_s to finish
+    # (counted drained), then the server ends the rest itself (aborted: a 503, or an error event and
+    # [DONE]) before uvicorn's own, later deadline would cancel them.
     signals: list[int] = []
 
     def stop(n, _frame):
@@ -119,6 +122,9 @@ def run_serve(cfg: RunConfig) -> dict[str, Any]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
+    st = server.stats
     print(f"jaxagent serve: stopped ({', '.join(sorted({signal.Signals(n).name for n in signals})) or 'no signal'}); "
-          f"{server.stats['requests']} requests served", file=sys.stderr, flush=True)
+          f"{st['requests']} requests: {st['served']} served, {st['drained']} drained (finished while stopping), "
+          f"{st['aborted']} aborted (ended by the shutdown), {st['disconnected']} abandoned by their client, "
+          f"{st['timeouts']} timed out, {st['errors']} failed", file=sys.stderr, flush=True)
     return {"job": "serve", "url": url, **what, **server.stats, "prefix_reuses": server.sessions.reused}

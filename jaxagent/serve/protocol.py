@@ -7,20 +7,53 @@ message says the value and what was expected. Fields the server does not read (`
 ``metadata``, ``store``, ``parallel_tool_calls``, ...) are ignored, as OpenAI-compatible servers
 do; fields that would change the output in a way it cannot honour (``tool_choice="required"``, a
 ``response_format`` other than text, penalties, ``logit_bias``, ``top_logprobs``) are refused.
+
+Before any field is read, the whole body is checked for structure (`check_structure`): at most
+`MAX_DEPTH` nested arrays/objects, no lone UTF-16 surrogate (``"\\ud800"`` parses in Python's
+``json`` but cannot be encoded) in any string or key, no NaN or Infinity; a refusal names the path
+(``messages[0].content``). A chat's tool schemas must be JSON Schemas (checked with ``jsonschema``
+against the draft their ``$schema`` names, 2020-12 without one) of ``"type": "object"`` (or
+``{}``, no parameters), at most `MAX_SCHEMA_NODES` objects and arrays in all, tool names OpenAI's
+``^[a-zA-Z0-9_-]{1,64}$``, and a ``tool`` message must answer a call of the assistant message its
+run of tool messages follows (`_check_order`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["APIError", "ChatRequest", "CompletionRequest", "Sampling", "parse_chat", "parse_completion"]
+__all__ = ["MAX_DEPTH", "MAX_SCHEMA_NODES", "MAX_TOOLS", "APIError", "ChatRequest", "CompletionRequest", "Sampling",
+           "check_structure", "parse_chat", "parse_completion"]
 
 #: roles a chat message may have (``developer`` is OpenAI's newer name for ``system``)
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4
+#: the most arrays/objects nested in one another that a body may hold (the body itself is 1);
+#: a tool schema or call arguments need a handful, and Python's recursion (the chat template's
+#: ``tojson``, ``jsonschema``) stays far from its limit
+MAX_DEPTH = 64
+#: OpenAI's rule for a function tool's name, and its most tools in a request
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+MAX_TOOLS = 128
+#: the most objects and arrays that a request's tool schemas hold together (a tau2 domain's tools
+#: hold 90-170): checking a schema against Draft 2020-12's metaschema costs ~0.25 ms for each (its
+#: vocabularies are $ref/$dynamicRef chains), so fresh schemas cost at most ~0.5 s a request
+MAX_SCHEMA_NODES = 2048
+#: template variables a request may not set: what the renderer passes itself, and the Jinja
+#: environment's globals (a string in place of ``namespace`` or ``raise_exception`` is a TypeError
+#: in the template, not a refusal)
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "documents", "add_generation_prompt", "special_tokens",
+                                    "ignore_raise_exception", "raise_exception", "strftime_now", "range", "dict",
+                                    "lipsum", "cycler", "joiner", "namespace", "loop", "self", "caller", "varargs",
+                                    "kwargs"})
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class APIError(Exception):
@@ -69,6 +102,63 @@ class CompletionRequest:
     sampling: Sampling
 
 
+# ----------------------------------------------------------------------------- structure
+def _path(parent: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    if _IDENT.fullmatch(key):
+        return f"{parent}.{key}" if parent else key
+    return f"{parent}[{json.dumps(key)}]"  # ASCII: a lone surrogate in a key is shown escaped
+
+
+def _leaf(v: Any, path: str) -> None:
+    """A value that is not an array or object: refused unless it is a JSON scalar Python can encode."""
+    if isinstance(v, str):
+        if _SURROGATE.search(v):
+            raise _bad(path or "body", v, "a string of Unicode characters (a lone UTF-16 surrogate such as \\ud800 is "
+                       "not one)")
+    elif isinstance(v, float):
+        if not math.isfinite(v):
+            raise _bad(path or "body", v, "a finite number (NaN and Infinity are not JSON)")
+    elif not (v is None or isinstance(v, (bool, int))):
+        raise _bad(path or "body", v, "a JSON value")
+
+
+def check_structure(value: Any, where: str = "", *, depth: int = 0) -> None:
+    """Raises `APIError` 400 naming the path of the first place where ``value`` nests
+    arrays/objects more than `MAX_DEPTH` deep, holds a string or key with a lone surrogate, a NaN or
+    an Infinity, or a value that is not JSON. ``where`` is ``value``'s own path ("" for a body) and
+    ``depth`` the number of arrays/objects enclosing it. Iterative (a deep value costs no
+    recursion); a path is spelled out only for a nested array/object or an error."""
+    if not isinstance(value, (list, Mapping)):
+        _leaf(value, where)
+        return
+    stack: list[tuple[Any, str, int]] = [(value, where, depth + 1)]
+    while stack:
+        v, path, d = stack.pop()
+        if d > MAX_DEPTH:
+            raise APIError(400, f"{path or 'body'}: arrays and objects nested more than {MAX_DEPTH} deep; expected at "
+                           f"most {MAX_DEPTH} levels", param=path or None)
+        if isinstance(v, list):
+            items: Any = enumerate(v)
+        else:
+            for k in v:
+                if not isinstance(k, str) or _SURROGATE.search(k):
+                    raise _bad(_path(path, k) if isinstance(k, str) else path or "body", k,
+                               "an object key of Unicode characters (a lone UTF-16 surrogate is not one)")
+            items = v.items()
+        nested = []
+        for k, x in items:
+            t = type(x)
+            if t is int or t is bool or x is None or (t is str and x.isascii()):
+                continue  # the common case, settled without a call
+            if isinstance(x, (list, Mapping)):
+                nested.append((x, _path(path, k), d + 1))
+            else:
+                _leaf(x, _path(path, k))
+        stack.extend(reversed(nested))
+
+
 # ----------------------------------------------------------------------------- field checks
 def _bad(param: str, value: Any, expected: str) -> APIError:
     shown = repr(value)
@@ -98,12 +188,12 @@ def _int(body: Mapping, name: str, default: int | None, *, lo: int, hi: int | No
     return value
 
 
-def _bool(body: Mapping, name: str, default: bool) -> bool:
+def _bool(body: Mapping, name: str, default: bool, *, where: str = "") -> bool:
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise _bad(name, value, "true or false")
+        raise _bad(where + name, value, "true or false")
     return value
 
 
@@ -143,7 +233,7 @@ def _sampling(body: Mapping, *, max_tokens_keys: tuple[str, ...], max_n: int, lo
     options = body.get("stream_options")
     if options is not None and not isinstance(options, Mapping):
         raise _bad("stream_options", options, 'an object such as {"include_usage": true}')
-    include_usage = _bool(options or {}, "include_usage", False)
+    include_usage = _bool(options or {}, "include_usage", False, where="stream_options.")
     if include_usage and not stream:
         raise _bad("stream_options", options, "stream_options only with stream=true")
     if logprobs and stream:
@@ -170,6 +260,56 @@ def _content(value: Any, where: str) -> str:
     raise _bad(f"{where}.content", value, "a string, null or a list of text parts")
 
 
+def _optional_str(value: Mapping, key: str, where: str) -> str | None:
+    v = value.get(key)
+    if v is not None and not isinstance(v, str):
+        raise _bad(f"{where}.{key}", v, "a string or null")
+    return v
+
+
+#: how many arrays/objects enclose a call's ``function.arguments``: the body, messages, the message,
+#: its tool_calls, the call, its function
+_ARGUMENTS_DEPTH = 6
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` in OpenAI's form, each checked: ``id`` a string,
+    ``type`` function, ``function.name`` a non-empty string, ``function.arguments`` a JSON object
+    or a string holding one (a blank string counts as ``{}``, as some servers send for a call
+    without arguments). Returned with the arguments parsed (the renderer's form)."""
+    if not isinstance(calls, list):
+        raise _bad(f"{where}.tool_calls", calls, "a list of tool call objects")
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        if not isinstance(call, Mapping):
+            raise _bad(at, call, 'a tool call {"id": ..., "type": "function", "function": {"name": ..., '
+                       '"arguments": "{...}"}}')
+        call_id = _optional_str(call, "id", at)
+        if call.get("type") not in (None, "function"):
+            raise _bad(f"{at}.type", call["type"], "'function'")
+        fn = call.get("function")
+        if not isinstance(fn, Mapping):
+            raise _bad(f"{at}.function", fn, 'an object {"name": ..., "arguments": "{...}"}')
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise _bad(f"{at}.function.name", name, "the called tool's name (a non-empty string)")
+        raw = fn.get("arguments")
+        args = raw
+        if isinstance(raw, str):
+            try:
+                args = json.loads(raw) if raw.strip() else {}
+            except (ValueError, RecursionError):
+                args = None
+        if not isinstance(args, Mapping):
+            raise _bad(f"{at}.function.arguments", raw, "a JSON object, or a string holding one")
+        if isinstance(raw, str):  # what the string held is checked as the body was
+            check_structure(args, f"{at}.function.arguments", depth=_ARGUMENTS_DEPTH)
+        out.append({**({"id": call_id} if call_id is not None else {}), "type": "function",
+                    "function": {"name": name, "arguments": args}})
+    return out
+
+
 def _message(value: Any, i: int) -> dict[str, Any]:
     where = f"messages[{i}]"
     if not isinstance(value, Mapping):
@@ -179,35 +319,166 @@ def _message(value: Any, i: int) -> dict[str, Any]:
         raise _bad(f"{where}.role", role, f"one of {', '.join(ROLES)}")
     msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
                            "content": _content(value.get("content"), where)}
+    name = _optional_str(value, "name", where)
     if role == "assistant":
         calls = value.get("tool_calls")
         if calls is not None:
-            if not isinstance(calls, list) or not all(isinstance(c, Mapping) for c in calls):
-                raise _bad(f"{where}.tool_calls", calls, "a list of tool call objects")
+            calls = _tool_calls(calls, where)
             if calls:
-                msg["tool_calls"] = [dict(c) for c in calls]
-        if isinstance(value.get("reasoning_content"), str):
-            msg["reasoning_content"] = value["reasoning_content"]
+                msg["tool_calls"] = calls
+        reasoning = _optional_str(value, "reasoning_content", where)
+        if reasoning is not None:
+            msg["reasoning_content"] = reasoning
     if role == "tool":
-        for key in ("tool_call_id", "name"):
-            if isinstance(value.get(key), str):
-                msg[key] = value[key]
+        call_id = _optional_str(value, "tool_call_id", where)
+        if call_id is not None:
+            msg["tool_call_id"] = call_id
+        if name is not None:
+            msg["name"] = name
     return msg
+
+
+def _ids(ids: list[str | None]) -> str:
+    shown = [repr(c if len(c) <= 40 else c[:37] + "...") for c in ids if c is not None][:8]
+    return ", ".join(shown) + (", ..." if len([c for c in ids if c is not None]) > 8 else "") or "none"
+
+
+def _check_order(msgs: tuple[dict[str, Any], ...]) -> None:
+    """Every ``tool`` message answers a call of the assistant message its run of tool messages
+    follows (only tool messages between them): the call whose ``id`` its ``tool_call_id`` is, or,
+    without a ``tool_call_id`` (a leniency: the chat template pairs results with calls in order),
+    the first call not answered yet. Refused: a tool message that follows no assistant message with
+    calls, an id that names no call of it (or one answered already), a result beyond its calls.
+    Calls left unanswered are not refused (the template renders them as they are)."""
+    open_at: int | None = None
+    waiting: list[str | None] = []  # the ids of the open message's calls not answered yet
+    for i, m in enumerate(msgs):
+        role = m["role"]
+        if role == "tool":
+            where, call_id = f"messages[{i}].tool_call_id", m.get("tool_call_id")
+            if open_at is None:
+                raise _bad(where, call_id, "the id of a call of the assistant message before (a tool message answers "
+                           "a tool call; this one follows no assistant message with tool_calls)")
+            if call_id is None:
+                if not waiting:
+                    raise _bad(where, call_id, f"a result for a call of messages[{open_at}], whose "
+                               f"{len(msgs[open_at]['tool_calls'])} call(s) are all answered")
+                waiting.pop(0)
+            elif call_id in waiting:
+                waiting.remove(call_id)
+            else:
+                raise _bad(where, call_id, f"the id of a call of messages[{open_at}] not answered yet "
+                           f"({_ids(waiting)})")
+        elif role == "assistant" and m.get("tool_calls"):
+            open_at, waiting = i, [c.get("id") for c in m["tool_calls"]]
+        else:
+            open_at, waiting = None, []
+
+
+_FUNCTION_TOOL = 'a function tool {"type": "function", "function": {"name": ..., "parameters": {...}}}'
 
 
 def _tools(body: Mapping) -> tuple[dict[str, Any], ...]:
     tools = body.get("tools")
     if tools is None:
         return ()
-    if not isinstance(tools, list):
-        raise _bad("tools", tools, 'a list of {"type": "function", "function": {name, description, parameters}}')
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise _bad("tools", tools, f"a list of at most {MAX_TOOLS}, each {_FUNCTION_TOOL}")
+    nodes = 0
     for j, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, Mapping) else None
-        if not isinstance(tool, Mapping) or tool.get("type", "function") != "function" or not isinstance(fn, Mapping) \
-                or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise _bad(f"tools[{j}]", tool, 'a function tool {"type": "function", "function": {"name": ..., '
-                       '"parameters": {...}}}')
+        at = f"tools[{j}]"
+        if not isinstance(tool, Mapping):
+            raise _bad(at, tool, _FUNCTION_TOOL)
+        if tool.get("type") not in (None, "function"):
+            raise _bad(f"{at}.type", tool["type"], "'function' (the only kind of tool)")
+        fn = tool.get("function")
+        if not isinstance(fn, Mapping):
+            raise _bad(f"{at}.function", fn, 'an object {"name": ..., "description": ..., "parameters": {...}}')
+        name = fn.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise _bad(f"{at}.function.name", name, "1 to 64 letters, digits, underscores or dashes (OpenAI's "
+                       "^[a-zA-Z0-9_-]{1,64}$)")
+        _optional_str(fn, "description", f"{at}.function")
+        if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+            raise _bad(f"{at}.function.strict", fn["strict"], "true, false or null")
+        if fn.get("parameters") is not None:
+            nodes += _containers(fn["parameters"], MAX_SCHEMA_NODES - nodes + 1)
+            if nodes > MAX_SCHEMA_NODES:
+                raise APIError(400, f"{at}.function.parameters: the tools' parameters hold more than "
+                               f"{MAX_SCHEMA_NODES} objects and arrays together; expected at most {MAX_SCHEMA_NODES}",
+                               param=f"{at}.function.parameters")
+            _parameters(fn["parameters"], f"{at}.function.parameters")
     return tuple(dict(t) for t in tools)
+
+
+def _containers(value: Any, limit: int) -> int:
+    """How many objects and arrays ``value`` holds, itself included (counting stops past ``limit``)."""
+    n, stack = 0, [value]
+    while stack and n <= limit:
+        v = stack.pop()
+        if isinstance(v, Mapping):
+            n += 1
+            stack.extend(x for x in v.values() if isinstance(x, (list, Mapping)))
+        elif isinstance(v, list):
+            n += 1
+            stack.extend(x for x in v if isinstance(x, (list, Mapping)))
+    return n
+
+
+def _parameters(schema: Any, at: str) -> None:
+    """A function's ``parameters``: a JSON Schema object of ``"type": "object"``, or ``{}`` (no
+    parameters), valid against the metaschema of the draft its ``$schema`` names (2020-12 without
+    one). A schema is checked once: the verdicts on small schemas are cached (clients send the
+    same tools with every turn)."""
+    if not isinstance(schema, Mapping):
+        raise _bad(at, schema, 'a JSON Schema object such as {"type": "object", "properties": {...}}')
+    if not schema:
+        return
+    if schema.get("type") != "object":
+        raise _bad(f"{at}.type", schema.get("type"), "'object' (a function's parameters are a JSON Schema of type "
+                   "object)")
+    canonical = json.dumps(schema, sort_keys=True, ensure_ascii=False)
+    problem = _schema_problem(canonical) if len(canonical) <= _CACHED_SCHEMA_CHARS else \
+        _schema_problem.__wrapped__(canonical)
+    if problem is not None:
+        where, message = problem
+        raise APIError(400, f"{at}{where}: not a valid JSON Schema: {message}", param=at + where)
+
+
+#: schemas up to this size (canonical JSON) have their verdict cached
+_CACHED_SCHEMA_CHARS = 1 << 16
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_problem(canonical: str) -> tuple[str, str] | None:
+    """None for a valid schema, else (the path inside it, what is wrong); thread-safe (lru_cache)."""
+    import jsonschema
+    from jsonschema.validators import validator_for
+
+    schema = json.loads(canonical)
+    meta = schema.get("$schema")
+    cls = jsonschema.Draft202012Validator
+    if meta is not None:
+        try:
+            cls = validator_for(schema, default=None) if isinstance(meta, str) else None
+        except Exception:  # noqa: BLE001 - a $schema that is no URI (urllib's ValueError)
+            cls = None
+        if cls is None:
+            shown = repr(meta) if len(repr(meta)) <= 80 else repr(meta)[:77] + "..."
+            return '["$schema"]', (f"{shown}: expected the URI of a JSON Schema draft (draft-04, -06, -07, 2019-09, "
+                                   "2020-12) or no $schema (2020-12)")
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = ""
+        for key in e.path:
+            where = _path(where, key)
+        where = where if not where or where.startswith("[") else "." + where
+        message = e.message if len(e.message) <= 300 else e.message[:297] + "..."
+        return where, message
+    except Exception as e:  # noqa: BLE001 - a checker that fails on the schema (a pattern re cannot compile, ...)
+        return "", f"{type(e).__name__}: {str(e)[:200]}"
+    return None
 
 
 # ----------------------------------------------------------------------------- requests
@@ -215,11 +486,13 @@ def parse_chat(body: Any, *, max_n: int) -> ChatRequest:
     """``POST /v1/chat/completions``'s body, validated (raises `APIError` 400 naming the field)."""
     if not isinstance(body, Mapping):
         raise APIError(400, "the request body must be a JSON object", param=None)
+    check_structure(body)
     model = _model(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", messages, "a non-empty list of messages")
     msgs = tuple(_message(m, i) for i, m in enumerate(messages))
+    _check_order(msgs)
     tools = _tools(body)
     choice = body.get("tool_choice")
     if choice is None or choice == "auto":
@@ -234,6 +507,10 @@ def parse_chat(body: Any, *, max_n: int) -> ChatRequest:
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise _bad("chat_template_kwargs", kwargs, 'an object of template variables, e.g. {"enable_thinking": false}')
+    for key in kwargs or {}:
+        if not _IDENT.fullmatch(key) or key in RESERVED_TEMPLATE_VARS:
+            raise _bad(_path("chat_template_kwargs", key), key, "a template variable's name: an identifier, and not "
+                       "one the server sets (messages, tools, add_generation_prompt, raise_exception, namespace, ...)")
     logprobs = _bool(body, "logprobs", False)
     if body.get("top_logprobs") not in (None, 0):
         raise _bad("top_logprobs", body["top_logprobs"], "0 or absent (only the sampled token's log-probability is "
@@ -248,6 +525,7 @@ def parse_completion(body: Any, *, max_n: int, vocab_size: int) -> CompletionReq
     list of token-id lists (raises `APIError` 400 naming the field)."""
     if not isinstance(body, Mapping):
         raise APIError(400, "the request body must be a JSON object", param=None)
+    check_structure(body)
     model = _model(body)
     prompt = body.get("prompt")
 
