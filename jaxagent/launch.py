@@ -8,6 +8,7 @@ tasks before and after, everything written to ``runs/quickstart/``.
     python -m jaxagent.launch                                   # the quickstart
     python -m jaxagent.launch --config configs/faca_telepathy.yaml steps=50
     python -m jaxagent.launch --config configs/infopo_7b.yaml --dry-run
+    python -m jaxagent.launch --config configs/infopo_7b.yaml --plan       # will it fit? (docs/PODS.md)
     python -m jaxagent.launch resume=true                       # continue runs/quickstart/
     python -m jaxagent.launch job=eval env=tau2_retail agent=oracle   # tau2 retail, the gold-action oracle
     python -m jaxagent.launch job=qd_eval qd.benchmark=musique qd.baseline=never_ask   # Q&D questioners
@@ -57,6 +58,9 @@ def build_parser(width: int | None = None) -> argparse.ArgumentParser:
     ap.add_argument("--config", help="a YAML file (see configs/); overrides follow as key=value")
     ap.add_argument("--dry-run", action="store_true",
                     help="validate the config, build the mesh and count parameters (no weights, no run)")
+    ap.add_argument("--plan", action="store_true",
+                    help="--dry-run plus a memory plan: every jitted program of the job compiled with abstract shapes "
+                         "on the configured mesh (fake CPU devices), per-device bytes, a verdict per device kind")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=3e-7")
     return ap
 
@@ -75,12 +79,29 @@ def main(argv: list[str] | None = None) -> int:
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         raise SystemExit(f"argument {bad[0]!r}: expected key=value (see --help for the keys)")
+    overrides = [expand_alias(o) for o in args.overrides]
+    import os
+
+    saved = os.environ.get("XLA_FLAGS")
+    if args.plan:
+        from jaxagent.jobs.launcher import fake_host_devices
+
+        fake_host_devices(args.config, overrides)
     from jaxagent.jobs.launcher import JobError, launch
 
     try:
-        out = launch(args.config, [expand_alias(o) for o in args.overrides], dry_run=args.dry_run)
+        out = launch(args.config, overrides, dry_run=args.dry_run, memory_plan=args.plan)
     except JobError as e:
         raise SystemExit(f"{e.kind}: {e}") from None
+    finally:  # the fake devices were for this process's backend only: not for subprocesses started later
+        if saved is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = saved
+    if args.plan:  # the table on stderr, above the JSON
+        from jaxagent.jobs.memplan import format_plan
+
+        print(format_plan(out["memory"]), file=sys.stderr, flush=True)
     print(json.dumps(out, indent=2), flush=True)
     if not args.dry_run and out.get("run_dir"):  # last, below the summary: where everything is
         print(f"[launch] results in {out['run_dir']}/ (summary.json and the run's files)", file=sys.stderr)

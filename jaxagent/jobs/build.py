@@ -182,6 +182,34 @@ def prepare(cfg: RunConfig) -> Run:
     return Run(cfg, run_dir, tok, qcfg, params, rules, make_env, train_tasks, test_tasks, engine, log, processes)
 
 
+def planning_model_config(cfg: RunConfig):
+    """(the model config a plan uses, where its shapes come from): the checkpoint's config.json, or
+    the preset's architecture when ``model.path`` (or a Hub tokenizer) is not downloaded yet."""
+    import dataclasses
+
+    from jaxagent.jobs.sections import BUILTIN_TOKENIZER
+    from jaxagent.models import preset
+
+    shapes_from = "model.path" if cfg.model.path else "model.preset"
+    if cfg.model.path is not None and (Path(cfg.model.path) / "config.json").exists():
+        qcfg = model_config(cfg, 0)
+    elif cfg.model.path is not None:
+        # The checkpoint is not here yet (the usual case before downloading it): check the
+        # rest with the preset's architecture and say so.
+        shapes_from = (f"model.preset={cfg.model.preset!r} (model.path={cfg.model.path!r} not downloaded yet: "
+                       "no config.json here)")
+        qcfg = preset(cfg.model.preset, dtype=model_config(dataclasses.replace(
+            cfg, model=dataclasses.replace(cfg.model, path=None), serve=dataclasses.replace(cfg.serve, adapter=None)),
+            64).dtype)
+    elif cfg.tokenizer != BUILTIN_TOKENIZER and not Path(cfg.tokenizer).is_dir():  # a Hub tokenizer, not here yet
+        shapes_from = (f"model.preset={cfg.model.preset!r} with its own vocabulary (tokenizer={cfg.tokenizer!r} "
+                       "not downloaded yet)")
+        qcfg = model_config(cfg, preset(cfg.model.preset).vocab_size)
+    else:
+        qcfg = model_config(cfg, build_tokenizer(cfg).vocab_size)
+    return qcfg, shapes_from
+
+
 def write_export(run_dir: Path, cfg: RunConfig, qcfg: QwenConfig, host_params) -> list[str]:
     """The policy as a plain HF checkpoint in ``hf/`` (with ``model.lora``: the adapter merged into
     the base) plus the tokenizer's files, and with ``model.lora`` the adapter alone in ``adapter/``

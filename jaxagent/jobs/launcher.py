@@ -61,9 +61,12 @@ def help_epilog(width: int) -> str:
         "keys (key=value overrides; types and defaults):", configlib.describe(RunConfig, width)])
 
 
-def launch(config_file: str | None, overrides: Sequence[str], *, dry_run: bool = False) -> dict[str, Any]:
+def launch(config_file: str | None, overrides: Sequence[str], *, dry_run: bool = False,
+           memory_plan: bool = False) -> dict[str, Any]:
     """Loads the config, checks what needs the files and devices, and runs the job (or plans it:
-    `plan`); the summary (or the plan) comes back. Raises `JobError`."""
+    `plan`; ``memory_plan``: with the memory plan, a dry run); the summary (or the plan) comes back.
+    Raises `JobError`."""
+    dry_run = dry_run or memory_plan
     from jaxagent.models.hf import CheckpointError
     from jaxagent.rollout.loop import EpisodeBudgetError
     from jaxagent.text.tokenizer import TokenizerError
@@ -86,7 +89,7 @@ def launch(config_file: str | None, overrides: Sequence[str], *, dry_run: bool =
 
         check_wandb(cfg)  # log.wandb=true without the package: refused here (a dry run too), before any build
         if dry_run:
-            return plan(cfg, paths)
+            return plan(cfg, paths, memory=memory_plan)
         from jaxagent.models.sharding import initialize_distributed
 
         initialize_distributed(cfg.mesh)  # multi-host runs (docs/PODS.md): before any other JAX call
@@ -109,14 +112,38 @@ def launch(config_file: str | None, overrides: Sequence[str], *, dry_run: bool =
         raise JobError("training failed", str(e)) from None
 
 
-def plan(cfg: RunConfig, paths: dict[str, Any] | None = None) -> dict:
+def fake_host_devices(config_file: str | None, overrides: list[str]) -> None:
+    """``--plan`` compiles on this host's CPU with as many (fake) devices as the config's mesh
+    asks for: sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX's backends
+    start (they read it once). Leaves a count the user set alone; when a backend is already up
+    (JAX used earlier in this process) it sets nothing and the plan reports what it could not
+    compile. `main` restores ``XLA_FLAGS`` afterwards."""
+    import os
+
+    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+        return
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():  # too late: the plan compiles what the devices here allow
+        return
+    from jaxagent.jobs.memplan import planning_devices
+
+    try:
+        n = planning_devices(load_config(config_file, overrides))
+    except configlib.ConfigError:
+        return  # the launch reports it
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}").strip()
+
+
+def plan(cfg: RunConfig, paths: dict[str, Any] | None = None, *, memory: bool = False) -> dict:
     """Config valid, mesh shape, parameter count and per-device parameter bytes, through
     `jax.eval_shape`; works for meshes larger than this machine (an abstract mesh). ``paths`` (from
     `resolve_paths`) adds how each of ``model.path``, ``tokenizer`` ... resolves (``"paths"``: local,
     hub-cache, hub: a run downloads it, missing). Before a download the shapes are the preset's,
     and ``shapes_from`` says so. ``verdict`` (first) is ``"valid"``, or ``"valid, with caveats: ..."``
     naming shapes planned from a preset and paths a run must download or will refuse; the config
-    itself is valid either way (``"config": "valid"``, exit 0)."""
+    itself is valid either way (``"config": "valid"``, exit 0). ``memory`` (``--plan``): adds the
+    memory plan, `jaxagent.jobs.memplan.plan_memory` (``"memory"``)."""
     import dataclasses
 
     import jax
@@ -126,7 +153,6 @@ def plan(cfg: RunConfig, paths: dict[str, Any] | None = None) -> dict:
     from jaxagent.models import LogicalRules, make_mesh
     from jaxagent.models.qwen import init_params, param_logical_axes
     from jaxagent.models.sharding import MESH_AXES
-    from jaxagent.jobs.build import model_config
 
     here = len(jax.devices())
     dims = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor]
@@ -135,28 +161,9 @@ def plan(cfg: RunConfig, paths: dict[str, Any] | None = None) -> dict:
     shape = cfg.mesh.shape(wanted)
     mesh = make_mesh(cfg.mesh, jax.devices()[:wanted]) if wanted <= here else AbstractMesh(shape, MESH_AXES)
     rules = LogicalRules(mesh)
-    from jaxagent.jobs.sections import BUILTIN_TOKENIZER
-    from jaxagent.models import preset
+    from jaxagent.jobs.build import planning_model_config
 
-    shapes_from = "model.path" if cfg.model.path else "model.preset"
-    if cfg.model.path is not None and (Path(cfg.model.path) / "config.json").exists():
-        qcfg = model_config(cfg, 0)
-    elif cfg.model.path is not None:
-        # The checkpoint is not here yet (the usual case before downloading it): check the
-        # rest with the preset's architecture and say so.
-        shapes_from = (f"model.preset={cfg.model.preset!r} (model.path={cfg.model.path!r} not downloaded yet: "
-                       "no config.json here)")
-        qcfg = preset(cfg.model.preset, dtype=model_config(dataclasses.replace(
-            cfg, model=dataclasses.replace(cfg.model, path=None), serve=dataclasses.replace(cfg.serve, adapter=None)),
-            64).dtype)
-    elif cfg.tokenizer != BUILTIN_TOKENIZER and not Path(cfg.tokenizer).is_dir():  # a Hub tokenizer, not here yet
-        shapes_from = (f"model.preset={cfg.model.preset!r} with its own vocabulary (tokenizer={cfg.tokenizer!r} "
-                       "not downloaded yet)")
-        qcfg = model_config(cfg, preset(cfg.model.preset).vocab_size)
-    else:
-        from jaxagent.jobs.build import build_tokenizer
-
-        qcfg = model_config(cfg, build_tokenizer(cfg).vocab_size)
+    qcfg, shapes_from = planning_model_config(cfg)
     abstract = jax.eval_shape(lambda k: init_params(k, qcfg), jax.random.key(0))
     axes = param_logical_axes(qcfg)
     per_device = 0
@@ -182,6 +189,10 @@ def plan(cfg: RunConfig, paths: dict[str, Any] | None = None) -> dict:
         elif r.status == "hub":
             caveats.append(f"{key} is downloaded by the run")
     verdict = "valid" + (f", with caveats: {'; '.join(caveats)}" if caveats else "")
+    if memory:  # --plan: the jitted programs compiled with abstract shapes, per device (jaxagent.jobs.memplan)
+        from jaxagent.jobs.memplan import plan_memory
+
+        lora["memory"] = plan_memory(cfg)
     return {"verdict": verdict, "config": "valid", "job": cfg.job, "name": cfg.name, "mesh": dict(zip(MESH_AXES, shape)),
             "devices_needed": math.prod(shape), "devices_here": here, "abstract_mesh": wanted > here,
             "parameters": count, "parameters_millions": round(count / 1e6, 2),
@@ -279,5 +290,5 @@ def check_mesh(cfg: RunConfig) -> None:
                                     "expected a mesh whose product is the device count, or -1 on one axis)") from None
 
 
-__all__ = ["JobError", "check_mesh", "check_paths", "check_processes", "config_files", "help_epilog", "help_width",
-           "hub_refs", "launch", "plan", "resolve_paths"]
+__all__ = ["JobError", "check_mesh", "check_paths", "check_processes", "config_files", "fake_host_devices",
+           "help_epilog", "help_width", "hub_refs", "launch", "plan", "resolve_paths"]

@@ -1,0 +1,391 @@
+"""``python -m jaxagent.launch --config FILE --plan``: will the job fit? A memory plan before launch.
+
+For a run config (the paper-scale ones included) this lowers and compiles, with abstract shapes
+(`jax.ShapeDtypeStruct` carrying `NamedSharding`s on the configured mesh), the jitted programs the
+job runs, and reads XLA's memory analysis of each (`jax.stages.Compiled.memory_analysis`:
+argument, output, alias and temp bytes, per device of the partitioned program):
+
+- ``update``: the RL update (`jaxagent.train.step.make_update` of `ppo_loss_fn`, or `sft_loss_fn`
+  for job=sft) at ``rl.minibatch_size`` rows x ``rollout.capacity`` tokens, ``rl.microbatches``
+  microbatches scanned (the rows and microbatches the trainer builds it with);
+- ``prefill`` / ``decode``: the engine's `_prefill` (all ``rollout.slots`` rows admitted at once,
+  a ``rollout.capacity``-token chunk: the worst call) and `_decode` (``rollout.decode_steps`` steps
+  of every slot over the whole window);
+- ``scorer``: teacher-forced scoring without gradient (`sequence_scores`, ``rl.score_rows`` rows at
+  a time) at ``rl.minibatch_size`` rows x capacity: what the reference log-probs and, with
+  ``infopo`` in ``rl.credit``, the info-gain scorer run. **An approximation** of InfoPO's
+  info-gain program (`jaxagent.train.infogain.compute_infogain` packs counterfactual rows of the
+  same length; its memory is that of a forward of the same rows), not that program itself.
+
+Besides the compiled programs, the terms are also computed analytically (per device, from the
+parameter shapes and their shardings): parameters, optimizer state (AdamW: two fp32 moments of each
+trained parameter, the LoRA adapter alone with ``model.lora``), gradients (fp32 accumulators, one
+more with ``rl.microbatches >= 2`` for the halves' cosine), and the engine's resident buffers: its
+KV cache (layers x 2 x slots x capacity x kv_heads x head_dim x dtype bytes), its park cache
+(``rollout.park_rows`` (+1) rows of the same capacity, default group_size x tasks_per_step) and its
+pending logits (slots x vocab x 4). The engine allocates its caches with `init_cache` and no
+sharding: each device that holds them holds all of them (planned as replicated).
+
+The job's peak per device is the resident set (parameters + optimizer state + engine caches, alive
+all run long) plus the largest transient of one program (XLA's temp bytes + outputs not aliased to
+a donated input). A device kind ``fits`` when that peak times (1 + margin) is within its memory
+(margin 10% by default: runtime, allocator fragmentation, the framework's own buffers).
+
+Caveats, printed with the plan:
+- Where the shapes come from (`jaxagent.jobs.build.planning_model_config`): the checkpoint's
+  config.json, or the preset when ``model.path`` is not downloaded yet.
+- The programs are compiled on this host's CPU backend (fake devices: ``XLA_FLAGS=
+  --xla_force_host_platform_device_count=N``, which the launcher sets before the backend starts;
+  set it yourself when calling `plan_memory` from Python). A CPU compile's buffer assignment,
+  fusion and rematerialisation differ from a GPU's or a TPU's: temp bytes are an estimate of the
+  accelerator's, not its measurement.
+- Attention that cannot lower on a CPU (``cudnn``, ``splash``) is planned with ``blockwise``
+  (the memory-efficient XLA implementation, closest in memory to a flash kernel), and the plan says so.
+- With fewer host devices than the mesh needs, nothing is compiled: the analytic terms alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+#: Named device kinds and their memory (bytes, nominal GB as 1e9: conservative against GiB).
+DEVICE_KINDS: dict[str, int] = {"A800/H100 80GB": 80 * 10**9, "H200 141GB": 141 * 10**9, "TPU v4 32GB": 32 * 10**9,
+                                "TPU v5e 16GB": 16 * 10**9, "TPU v5p 95GB": 95 * 10**9}
+MARGIN = 0.10
+GB = 1e9
+
+
+def _gb(n: float) -> float:
+    return round(n / GB, 3)
+
+
+def planning_devices(cfg) -> int:
+    """The device count the config's mesh asks for (an axis of -1 counts as 1)."""
+    return math.prod(d for d in (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor) if d != -1)
+
+
+def _per_device_bytes(leaf, sharding) -> int:
+    """Bytes one device holds of an array of ``leaf``'s shape/dtype laid out by ``sharding``."""
+    n = int(math.prod(leaf.shape)) * leaf.dtype.itemsize
+    mesh = sharding.mesh
+    for entry in sharding.spec:
+        for a in (entry,) if isinstance(entry, str) else (entry or ()):
+            n //= mesh.shape[a]
+    return n
+
+
+def _tree_bytes(tree, shardings) -> int:
+    import jax
+
+    return sum(_per_device_bytes(x, s) for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
+
+
+def kv_cache_bytes(qcfg, rows: int, capacity: int) -> int:
+    """K and V of ``rows`` rows: layers x 2 x rows x capacity x kv_heads x head_dim x dtype bytes."""
+    import numpy as np
+
+    return (qcfg.num_hidden_layers * 2 * rows * capacity * qcfg.num_key_value_heads * qcfg.head_dim
+            * np.dtype(qcfg.dtype.compute).itemsize)
+
+
+def _memory(compiled) -> dict[str, int]:
+    m = compiled.memory_analysis()
+    out = {k: int(getattr(m, f"{k}_size_in_bytes", 0) or 0)
+           for k in ("argument", "output", "alias", "temp", "generated_code")}
+    out["transient"] = out["temp"] + max(0, out["output"] - out["alias"])  # what the call adds to what is resident
+    return out
+
+
+def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: tuple[str, ...] | None = None,
+                ) -> dict[str, Any]:
+    """The memory plan of ``cfg`` (a `RunConfig`): see the module docstring. ``compile=False``:
+    the analytic terms only. ``programs``: a subset of ("update", "prefill", "decode", "scorer")."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AbstractMesh, NamedSharding
+
+    from jaxagent.jobs.build import planning_model_config
+    from jaxagent.models import LogicalRules, make_mesh
+    from jaxagent.models.qwen import init_params, param_logical_axes
+    from jaxagent.models.sharding import MESH_AXES
+
+    notes: list[str] = []
+    qcfg, shapes_from = planning_model_config(cfg)
+    qcfg = dataclasses.replace(qcfg, remat=cfg.model.remat, attn_impl=cfg.model.attn_impl)  # a preset's are its own
+    attn = qcfg.attn_impl
+    if attn in ("cudnn", "splash"):
+        notes.append(f"model.attn_impl={attn!r} cannot lower on this CPU host: planned with 'blockwise' (the "
+                     "memory-efficient XLA attention, closest in memory to the fused kernel)")
+        qcfg = dataclasses.replace(qcfg, attn_impl="blockwise")
+    elif attn == "auto":
+        notes.append("model.attn_impl='auto' resolves per backend: planned with what it picks on this CPU host")
+    lora_spec = cfg.model.lora.spec() if cfg.model.lora.rank else None
+    if lora_spec is not None:
+        qcfg = dataclasses.replace(qcfg, lora=lora_spec)
+
+    wanted = planning_devices(cfg)
+    if -1 in (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor):
+        notes.append("a mesh axis of -1 takes every device there is: planned with it = 1 (one device per row "
+                     "of the plan; set the axis to plan for more)")
+    shape = cfg.mesh.shape(wanted)
+    cpus = jax.devices("cpu")
+    can_compile = compile and len(cpus) >= wanted
+    if compile and not can_compile:
+        notes.append(f"the mesh needs {wanted} devices and this host has {len(cpus)} CPU device(s): nothing compiled "
+                     f"(set XLA_FLAGS=--xla_force_host_platform_device_count={wanted} before JAX starts; the "
+                     "launcher's --plan does it)")
+    mesh = make_mesh(dataclasses.replace(cfg.mesh, **dict(zip(MESH_AXES, shape))), cpus[:wanted]) if can_compile \
+        else AbstractMesh(shape, MESH_AXES)
+    rules = LogicalRules(mesh)
+    shard = (lambda ax, shp: rules.sharding(ax, shp)) if can_compile else \
+        (lambda ax, shp: NamedSharding(mesh, rules.spec(ax, shp)))
+
+    # ---- parameters, optimizer state, gradients (analytic, per device)
+    abstract = jax.eval_shape(lambda k: init_params(k, qcfg), jax.random.key(0))
+    axes = param_logical_axes(qcfg)
+    is_axes = lambda x: isinstance(x, tuple)
+    p_shard = jax.tree.map(lambda ax, x: shard(ax, x.shape), axes, abstract, is_leaf=is_axes)
+    params_b = _tree_bytes(abstract, p_shard)
+    trained = {"lora": abstract["lora"]} if lora_spec is not None else abstract
+    t_shard = {"lora": p_shard["lora"]} if lora_spec is not None else p_shard
+    trained_b = _tree_bytes(trained, t_shard)
+    trained_f32 = sum(_per_device_bytes(jax.ShapeDtypeStruct(x.shape, jnp.float32), s)
+                      for x, s in zip(jax.tree.leaves(trained), jax.tree.leaves(t_shard)))
+    moments = 2 if cfg.optim.name == "adamw" else 0  # optax sgd without momentum keeps no state
+    opt_b = moments * trained_f32 * 1  # AdamW's mu and nu in fp32 (optax keeps them in the params' dtype: see below)
+    mu_dtype_note = None
+    if moments:
+        from jaxagent.train.step import make_optimizer
+
+        opt_abs = jax.eval_shape(make_optimizer(cfg.optim).init, trained)
+        opt_b_actual = sum(_per_device_bytes(x, s) for x, s in zip(
+            [x for x in jax.tree.leaves(opt_abs) if x.ndim], [s for s in _match_shardings(opt_abs, trained, t_shard)]))
+        if opt_b_actual != opt_b:
+            mu_dtype_note = (f"optax keeps AdamW's moments in the trained parameters' dtype "
+                             f"({cfg.model.param_dtype}): {_gb(opt_b_actual)} GB, not 2 x fp32 = {_gb(opt_b)} GB")
+            opt_b = opt_b_actual
+    if mu_dtype_note:
+        notes.append(mu_dtype_note)
+    # the update's rows, microbatches and length: the RL trainer's, or job=sft's (sft.batch_size rows of
+    # at most sft.max_len, sft.microbatches); job=dpo's pair update is not planned (analytic terms only)
+    if cfg.job == "sft":
+        rows, micro = cfg.sft.batch_size, max(1, cfg.sft.microbatches)
+        L = cfg.sft.max_len or cfg.rollout.capacity
+    else:
+        rows = cfg.rl.minibatch_size or cfg.rl.group_size * cfg.rl.tasks_per_step
+        micro, L = max(1, cfg.rl.microbatches), cfg.rollout.capacity
+    grads_b = trained_f32 * (2 if micro >= 2 else 1) + trained_b  # fp32 accumulator(s) + the combined gradient
+
+    # ---- the engine's resident buffers (analytic; replicated: init_cache has no sharding)
+    r = cfg.rollout
+    # park rows as each job's engine is built: the run's (`jobs.build.prepare`: group_size x
+    # tasks_per_step by default), serve's (slots by default), the Q&D jobs' local policy (none)
+    if cfg.job.startswith("qd_"):
+        park = 0
+    elif cfg.job == "serve":
+        park = r.park_rows if r.park_rows >= 0 else r.slots
+    else:
+        park = r.park_rows if r.park_rows >= 0 else cfg.rl.group_size * cfg.rl.tasks_per_step
+    kv_b = kv_cache_bytes(qcfg, r.slots, r.capacity)
+    park_b = kv_cache_bytes(qcfg, park + 1, r.capacity) if park else 0
+    logits_b = r.slots * qcfg.vocab_size * 4
+    uses_engine = cfg.job in ("rl", "sft+rl", "eval", "serve", "qd_eval", "qd_label", "qd_tau2")
+    trains = cfg.job in ("rl", "sft+rl", "sft", "dpo", "offline")
+    terms = {"parameters": params_b, "optimizer_state": opt_b if trains else 0,
+             "kv_cache": kv_b if uses_engine else 0, "park_cache": park_b if uses_engine else 0,
+             "engine_logits": logits_b if uses_engine else 0}
+    resident = sum(terms.values())
+
+    # ---- the compiled programs
+    compiled: dict[str, Any] = {}
+    want = programs or (("update", "prefill", "decode", "scorer") if uses_engine and trains else
+                        ("update",) if trains else ("prefill", "decode"))
+    if cfg.job == "dpo" and "update" in want:
+        want = tuple(w for w in want if w != "update")
+        notes.append("job=dpo: the pair update is not compiled yet (parameters and optimizer state only)")
+    if can_compile:
+        p_abs = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, p_shard)
+        for name in want:
+            t0 = time.perf_counter()
+            try:
+                c = _compile(name, cfg, qcfg, rules, p_abs, rows=rows, L=L, park=park, micro=micro, trained=trained)
+            except Exception as e:  # noqa: BLE001 (a program that does not lower here is reported, not fatal)
+                compiled[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                continue
+            compiled[name] = {**_memory(c), "compile_s": round(time.perf_counter() - t0, 1)}
+        if "update" in compiled and "argument" in compiled["update"]:
+            compiled["update"]["gradients_analytic"] = grads_b
+
+    # ---- peak per device, verdicts, knobs
+    transients = {k: v["transient"] for k, v in compiled.items() if "transient" in v}
+    if not transients:  # analytic fallback: gradients for an update, nothing else known
+        transients = {"update (analytic: gradients only, no activations)": grads_b} if trains else {}
+    worst = max(transients, key=transients.get) if transients else None
+    peak = resident + (transients[worst] if worst else 0)
+    parts = {**terms, **({f"transient of {worst}": transients[worst]} if worst else {})}
+    dominant = max(parts, key=parts.get)
+    knobs = {
+        "parameters": "mesh.fsdp (shard the weights over more devices) or mesh.tensor",
+        "optimizer_state": "mesh.fsdp (shard the moments), or model.lora.rank (train an adapter: no full-model moments)",
+        "kv_cache": "rollout.slots (linear) or rollout.capacity (linear)",
+        "park_cache": "rollout.park_rows (linear; default group_size x tasks_per_step rows of rollout.capacity)",
+        "engine_logits": "rollout.slots",
+    }
+    knobs.update({
+        "transient of update": "rl.microbatches (activations scale with minibatch_size / microbatches), "
+                               "model.remat=full, rollout.capacity (the update's sequence length)",
+        "transient of prefill": "rollout.slots and rollout.capacity (the largest prefill: every slot admitted with "
+                                "a capacity-long chunk, a shape the engine's warmup compiles)",
+        "transient of decode": "rollout.slots (every running row's window is gathered per call), rollout.capacity",
+        "transient of scorer": "rl.score_rows (rows scored at a time), rollout.capacity",
+    })
+    knob = knobs.get(dominant, "rl.microbatches, model.remat")
+    verdicts = {}
+    for kind, mem in DEVICE_KINDS.items():
+        fits = peak * (1 + margin) <= mem
+        verdicts[kind] = "fits" if fits else "does not fit"
+    return {"shapes_from": shapes_from, "mesh": dict(zip(MESH_AXES, shape)), "devices": wanted,
+            "compiled_on": f"{len(cpus)} CPU device(s) of this host" if can_compile else None,
+            "attn_impl_planned": qcfg.attn_impl, "notes": notes, "margin": margin,
+            "per_device_bytes": {**terms, "gradients": grads_b if trains else 0},
+            "programs": compiled, "resident": resident, "largest_transient": worst, "peak_per_device": peak,
+            "dominant_term": dominant, "knob": knob, "terms_ranked": sorted(parts, key=parts.get, reverse=True),
+            "verdicts": verdicts,
+            "shapes": {"update_rows": rows, "update_length": L, "microbatches": micro, "capacity": r.capacity,
+                       "slots": r.slots, "park_rows": park,
+                       "decode_steps": r.decode_steps}}
+
+
+def _match_shardings(opt_abs, trained, t_shard):
+    """Shardings for the array leaves (ndim >= 1) of an optax state: each moment tree mirrors the
+    trained parameters, so the leaves come in the parameters' order, repeated."""
+    import jax
+
+    ps = jax.tree.leaves(t_shard)
+    shapes = [x.shape for x in jax.tree.leaves(trained)]
+    out, i = [], 0
+    for x in jax.tree.leaves(opt_abs):
+        if not x.ndim:
+            continue
+        j = i % len(ps)
+        assert x.shape == shapes[j], (x.shape, shapes[j])
+        out.append(ps[j])
+        i += 1
+    return out
+
+
+def _compile(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trained):
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxagent.models.sharding import batch_sharding
+
+    mesh = rules.mesh
+    rep = NamedSharding(mesh, PartitionSpec())
+    sds = lambda shape, dt, s=rep: jax.ShapeDtypeStruct(shape, dt, sharding=s)
+    if name == "update":
+        from jaxagent.credit.losses import PPOConfig  # noqa: F401
+        from jaxagent.train.step import StepShardings, TrainState, make_optimizer, make_update, ppo_loss_fn, sft_loss_fn
+
+        tx = make_optimizer(cfg.optim)
+        trainable = ("lora",) if qcfg.lora is not None else None
+        st = jax.eval_shape(lambda p: TrainState.create(p, tx, trainable=trainable), p_abs)
+        # where the trainer's state lives: `tx.init` on the placed parameters gives moments laid out
+        # like them (eager zeros_like keeps the sharding); counters replicated (`place_on_mesh`)
+        sh = lambda t: jax.tree.map(lambda x: x.sharding, t)
+        t_abs = {"lora": p_abs["lora"]} if trainable else p_abs
+        t_shard = sh(t_abs)
+        moments = iter(_match_shardings(st.opt_state, t_abs, t_shard))
+        opt_shard = jax.tree.map(lambda x: next(moments) if x.ndim else rep, st.opt_state)
+        st_shard = TrainState(t_shard, opt_shard, rep, rep,
+                              None if st.frozen is None else sh({k: v for k, v in p_abs.items() if k != "lora"}))
+        st_abs = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), st, st_shard)
+        bs = batch_sharding(rules, shape=(rows, 1))
+        if cfg.job == "sft":
+            loss = sft_loss_fn(qcfg)
+            batch = {"tokens": sds((rows, L), jnp.int32, bs), "loss_mask": sds((rows, L), jnp.float32, bs)}
+        else:
+            loss = ppo_loss_fn(qcfg, cfg.ppo)
+            batch = {k: sds((rows, L), jnp.float32, bs) for k in ("loss_mask", "advantages", "old_logp")}
+            batch["tokens"] = sds((rows, L), jnp.int32, bs)
+            if cfg.ppo.kl_coef > 0:
+                batch["ref_logp"] = sds((rows, L), jnp.float32, bs)
+        upd = make_update(loss, tx, microbatches=micro, shardings=StepShardings(st_shard, bs))
+        return upd.lower(st_abs, batch).compile()
+    if name == "scorer":
+        from jaxagent.train.step import sequence_scores
+
+        bs = batch_sharding(rules, shape=(rows, 1))
+        fn = jax.jit(lambda p, t: sequence_scores(p, t, config=qcfg, row_chunk=cfg.rl.score_rows or None))
+        return fn.lower(p_abs, sds((rows, L), jnp.int32, bs)).compile()
+    from jaxagent.models.generate import KVCache
+    from jaxagent.rollout import engine as eng
+
+    S, C, V = cfg.rollout.slots, cfg.rollout.capacity, qcfg.vocab_size
+    shape = (qcfg.num_hidden_layers, S, C, qcfg.num_key_value_heads, qcfg.head_dim)
+    cache = KVCache(sds(shape, qcfg.dtype.compute), sds(shape, qcfg.dtype.compute), sds((S,), jnp.int32))
+    logits = sds((S, V), jnp.float32)
+    if name == "prefill":
+        A, T = S, C
+        i = lambda n: sds((n,), jnp.int32)
+        return eng._prefill.lower(p_abs, cache, i(A), sds((A, T), jnp.int32), i(A), i(A), logits,
+                                  config=qcfg, window=C).compile()
+    if name == "decode":
+        B = S
+        i = lambda n: sds((n,), jnp.int32)
+        f = lambda n: sds((n,), jnp.float32)
+        # the engine unrolls the layers on a CPU backend only (split weights): plan the accelerators' layer scan
+        real = jax.default_backend
+        eng.jax.default_backend = lambda: "gpu"
+        try:
+            return eng._decode.lower(p_abs, cache, logits, i(B), sds((B, 2), jnp.uint32), i(B), i(B), f(B), i(B), f(B),
+                                     sds((B, 4), jnp.int32), sds((B,), jnp.bool_), config=qcfg, vocab_limit=None,
+                                     steps=cfg.rollout.decode_steps, window=C).compile()
+        finally:
+            eng.jax.default_backend = real
+    raise ValueError(f"unknown program {name!r}")
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+    """The plan as the table ``--plan`` prints."""
+    lines = [f"memory plan (per device; GB = 1e9 bytes): mesh {plan['mesh']} = {plan['devices']} device(s)",
+             f"  shapes from: {plan['shapes_from']}",
+             (f"  compiled on: {plan['compiled_on'] or 'nothing compiled (analytic terms only)'}; attention planned "
+              f"as {plan['attn_impl_planned']!r}"),
+             f"  shapes: {plan['shapes']}"]
+    lines += [f"  note: {n}" for n in plan["notes"]]
+    lines.append("  resident (alive all run long):")
+    for k, v in plan["per_device_bytes"].items():
+        if k != "gradients":
+            lines.append(f"    {k:<18} {_gb(v):>10.3f} GB")
+    lines.append(f"    {'total':<18} {_gb(plan['resident']):>10.3f} GB")
+    lines.append(f"  gradients (analytic: fp32 accumulators + the combined gradient, inside the update's temp): "
+                 f"{_gb(plan['per_device_bytes']['gradients']):.3f} GB")
+    if plan["programs"]:
+        lines.append("  programs (XLA memory analysis of the CPU compile, per device):")
+        lines.append(f"    {'program':<9} {'arguments':>10} {'outputs':>10} {'aliased':>10} {'temp':>10} "
+                     f"{'transient':>10} {'compile':>8}")
+        for name, m in plan["programs"].items():
+            if "error" in m:
+                lines.append(f"    {name:<9} did not compile here: {m['error']}")
+                continue
+            lines.append(f"    {name:<9} {_gb(m['argument']):>10.3f} {_gb(m['output']):>10.3f} {_gb(m['alias']):>10.3f} "
+                         f"{_gb(m['temp']):>10.3f} {_gb(m['transient']):>10.3f} {m['compile_s']:>7.1f}s")
+    lines.append(f"  peak per device = resident + largest transient ({plan['largest_transient']}) = "
+                 f"{_gb(plan['peak_per_device']):.3f} GB; with a {plan['margin']:.0%} margin "
+                 f"{_gb(plan['peak_per_device'] * (1 + plan['margin'])):.3f} GB")
+    lines.append(f"  dominant term: {plan['dominant_term']}; the knob that scales it: {plan['knob']}")
+    lines.append(f"  terms, largest first: {', '.join(plan['terms_ranked'])}")
+    lines.append("  device kind          memory    verdict")
+    for kind, v in plan["verdicts"].items():
+        lines.append(f"    {kind:<18} {DEVICE_KINDS[kind] / GB:>6.0f} GB  {v}")
+    lines.append("  caveat: compiled for this host's CPU backend; a GPU/TPU compile assigns buffers differently "
+                 "(temp bytes are an estimate)")
+    return "\n".join(lines)
+
+
+__all__ = ["DEVICE_KINDS", "MARGIN", "format_plan", "kv_cache_bytes", "plan_memory", "planning_devices"]
