@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import random
 import sys
@@ -173,22 +172,11 @@ def log(msg: str) -> None:
     print(f"bench_rollout: {msg}", file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
 def heartbeat(what: str, every_s: float = 10.0):
-    """A line on stderr every ``every_s`` seconds while ``what`` runs: a long compile is never silent."""
-    stop, t0 = threading.Event(), time.perf_counter()
+    """A line on stderr every ``every_s`` seconds while ``what`` runs (`jaxagent.eval.progress.heartbeat`)."""
+    from jaxagent.eval.progress import heartbeat as beat
 
-    def beat():
-        while not stop.wait(every_s):
-            log(f"{what}: still running ({time.perf_counter() - t0:.0f} s)")
-
-    th = threading.Thread(target=beat, daemon=True)
-    th.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        th.join()
+    return beat(what, log, every_s)
 
 
 def main(argv=None) -> dict:

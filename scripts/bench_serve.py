@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
@@ -70,22 +69,11 @@ except ImportError:  # run from a checkout without an install
     sys.path.insert(0, str(ROOT))
 
 
-@contextlib.contextmanager
 def heartbeat(what: str, every_s: float = 10.0):
-    """A line on stderr every ``every_s`` seconds while ``what`` runs: a long compile is never silent."""
-    stop, t0 = threading.Event(), time.perf_counter()
+    """A line on stderr every ``every_s`` seconds while ``what`` runs (`jaxagent.eval.progress.heartbeat`)."""
+    from jaxagent.eval.progress import heartbeat as beat
 
-    def beat():
-        while not stop.wait(every_s):
-            print(f"bench_serve: {what}: still running ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-
-    th = threading.Thread(target=beat, daemon=True)
-    th.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        th.join()
+    return beat(what, lambda m: print(f"bench_serve: {m}", file=sys.stderr, flush=True), every_s)
 
 
 def start_server(args, slots: int, settings: list[str] | None = None,

@@ -35,13 +35,11 @@ The last line of stdout is one JSON object; progress goes to stderr.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -82,22 +80,11 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
 def heartbeat(what: str, every_s: float = 10.0):
-    """A line on stderr every ``every_s`` seconds while ``what`` runs: a long compile is never silent."""
-    stop, t0 = threading.Event(), time.perf_counter()
+    """A line on stderr every ``every_s`` seconds while ``what`` runs (`jaxagent.eval.progress.heartbeat`)."""
+    from jaxagent.eval.progress import heartbeat as beat
 
-    def beat():
-        while not stop.wait(every_s):
-            log(f"{what}: still running ({time.perf_counter() - t0:.0f} s)")
-
-    th = threading.Thread(target=beat, daemon=True)
-    th.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        th.join()
+    return beat(what, log, every_s)
 
 
 class CompileCounter:

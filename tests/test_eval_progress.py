@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from jaxagent.eval.progress import EpisodeProgress
+from jaxagent.eval.progress import EpisodeProgress, heartbeat
 
 
 def test_lines_off_a_terminal_at_the_first_episode_at_most_every_interval_and_at_the_end():
@@ -53,3 +53,20 @@ def test_a_host_evaluation_shows_progress_and_ends_saying_where_its_files_are(tm
     assert lines[0] == (f"[launch] job=eval env.kind=tau2 writes {tmp_path / 'eval-tau2_telecom'}/; building the model "
                         "and environment")
     assert lines[-1].startswith(f"[launch] results in {tmp_path / 'eval-tau2_telecom'}/")
+
+
+def test_heartbeat_says_it_is_still_running_until_the_body_ends():
+    import threading
+
+    lines, started = [], threading.Event()
+
+    def say(m):
+        lines.append(m)
+        started.set()
+
+    with heartbeat("compiling", say, every_s=0.01):
+        assert started.wait(10)  # at least one beat while the body runs
+    n = len(lines)
+    assert lines[0].startswith("compiling: still running (") and lines[0].endswith(" s)")
+    threading.Event().wait(0.05)
+    assert len(lines) == n  # none after the body ended

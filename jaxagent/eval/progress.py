@@ -12,11 +12,14 @@ shows nothing; the caller still prints its summary and where its files are.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-__all__ = ["EpisodeProgress"]
+__all__ = ["EpisodeProgress", "heartbeat"]
 
 
 class EpisodeProgress:
@@ -69,3 +72,22 @@ class EpisodeProgress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, say: Callable[[str], None], every_s: float = 10.0) -> Iterator[None]:
+    """``say("<what>: still running (<t> s)")`` every ``every_s`` seconds while the ``with`` body
+    runs (from a daemon thread): a long compile or rollout is never silent."""
+    stop, t0 = threading.Event(), time.perf_counter()
+
+    def beat():
+        while not stop.wait(every_s):
+            say(f"{what}: still running ({time.perf_counter() - t0:.0f} s)")
+
+    th = threading.Thread(target=beat, daemon=True, name="jaxagent-heartbeat")
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()
