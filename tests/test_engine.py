@@ -289,3 +289,56 @@ def test_a_cancelled_request_keeps_its_own_lane_for_the_next_turn():
     nxt, prefilled = asyncio.run(main())
     assert prefilled == 2  # only the new tokens: the cancelled request's prompt and output stayed in its lane
     assert len(nxt.tokens) == 2
+
+
+PARAMS_B = jax.tree.map(lambda x: x * 4 if x.ndim > 1 else x, init_params(jax.random.key(1), CFG))
+
+
+def _reference_with(params, prompt, sp):
+    out, _ = generate_from_prompts(params, [prompt], config=CFG, sampling=sp, key=jax.random.key(0))
+    return np.asarray(out.tokens[0, : int(out.num_tokens[0])]).tolist()
+
+
+def test_published_weights_reach_the_next_turns_and_the_running_turn_keeps_its_own():
+    # asynchronous RL's partial rollouts: weights published while a turn decodes apply at the first
+    # call boundary with nothing running; every result is tagged with the version that generated it
+    sp = SamplingParams(temperature=0.0, max_new_tokens=12)
+    published = []
+
+    async def main():
+        engine = GenerationEngine(PARAMS, CFG, slots=1, capacity=64, decode_steps=1)
+
+        def on_tokens(new, lps):
+            if not published:  # after the running turn's first engine call
+                engine.publish(PARAMS_B, 7)
+                published.append(len(new))
+
+        first = asyncio.ensure_future(engine.generate("s", [1, 2, 3], sp, jax.random.key(0), on_tokens=on_tokens))
+        await asyncio.sleep(0)
+        waiting = asyncio.ensure_future(engine.generate("t", [4, 5], sp, jax.random.key(0)))  # no free lane: waits
+        a, b = await first, await waiting
+        assert engine.version == 7
+        c = await engine.generate("s", [1, 2, 3] + a.tokens + [6], sp, jax.random.key(0))  # the session's next turn
+        return a, b, c
+
+    a, b, c = asyncio.run(main())
+    assert published == [1]
+    assert a.tokens == _reference_with(PARAMS, [1, 2, 3], sp) and a.version == 0  # the whole turn under A
+    assert b.tokens == _reference_with(PARAMS_B, [4, 5], sp) and b.version == 7
+    # the session's cached prefix was A's: forgotten, so its next turn is prefilled whole under B
+    assert c.tokens == _reference_with(PARAMS_B, [1, 2, 3] + a.tokens + [6], sp) and c.version == 7
+    assert c.prefill_tokens == len(a.tokens) + 4
+    assert _reference_with(PARAMS, [4, 5], sp) != b.tokens  # the two weights do differ here
+
+
+def test_set_params_tags_versions_and_publish_without_requests_applies_at_once():
+    sp = SamplingParams(temperature=0.0, max_new_tokens=3)
+    engine = GenerationEngine(PARAMS, CFG, slots=2, capacity=32)
+    assert engine.version == 0
+    engine.set_params(PARAMS)
+    assert engine.version == 1
+    engine.set_params(PARAMS_B, version=5)
+    engine.publish(PARAMS, 9)  # nothing in flight: at once
+    assert engine.version == 9 and engine.params is PARAMS
+    res = asyncio.run(engine.generate("a", [1, 2], sp, jax.random.key(0)))
+    assert res.version == 9 and res.tokens == _reference_with(PARAMS, [1, 2], sp)

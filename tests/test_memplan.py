@@ -89,3 +89,10 @@ def test_kv_cache_bytes_formula():
 
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])
+
+
+def test_asynchronous_rl_plans_the_engines_own_copy_of_the_weights():
+    sync = plan_memory(load_config(None, TINY), compile=False)["per_device_bytes"]
+    asyn = plan_memory(load_config(None, TINY + ["rl.max_staleness=1"]), compile=False)["per_device_bytes"]
+    assert "engine_params" not in sync
+    assert asyn["engine_params"] == sync["parameters"] > 0

@@ -41,6 +41,7 @@ from jaxagent.credit.losses import (
     ppo_token_loss,
     sequence_logp,
     sft_loss,
+    truncated_is_weights,
 )
 from jaxagent.credit.reaction import (
     DEFAULT_POLARITY,
@@ -106,6 +107,7 @@ __all__ = [
     "reaction_telemetry",
     "sequence_logp",
     "sft_loss",
+    "truncated_is_weights",
     "variance_gate",
     "zero_advantage_group_share",
 ]

@@ -290,6 +290,28 @@ def ppo_token_loss(
     return loss, {"ratio": ratio, "log_ratio": log_ratio, "clip_low": clip_low, "clip_high": clip_high, "dual": dual}
 
 
+def truncated_is_weights(
+    prox_logp_BL: jax.Array, behaviour_logp_BL: jax.Array, mask_BL: jax.Array, *, cap: float,
+    max_log_ratio: float = 20.0,
+) -> tuple[jax.Array, jax.Array]:
+    """Truncated importance weights of tokens sampled from a stale behaviour policy mu, for the
+    decoupled PPO objective of asynchronous RL (the PPO ratio taken against the proximal policy,
+    the weights the update starts from; this weight corrects from mu to it, Espeholt et al. 2018's
+    truncation): ``w = min(exp(prox_logp - behaviour_logp), cap)``, the log-ratio clamped to
+    ``[-max_log_ratio, max_log_ratio]`` first. Inputs [B, L] float32; ``cap`` > 0.
+
+    Returns ``(w_BL, truncated_BL)``: float32 weights under ``stop_gradient`` (1 off the mask) and
+    bool [B, L], the masked tokens whose weight the cap cut."""
+    _require(_is_real(cap) and cap > 0, "cap", cap, "a number > 0")
+    _check_shapes(prox_logp_BL=prox_logp_BL, behaviour_logp_BL=behaviour_logp_BL, mask_BL=mask_BL)
+    m = _mask(mask_BL)
+    sg = jax.lax.stop_gradient
+    x = jnp.clip(_masked(sg(prox_logp_BL), m) - _masked(sg(behaviour_logp_BL), m), -max_log_ratio, max_log_ratio)
+    raw = jnp.exp(x)
+    w = jnp.where(m, jnp.minimum(raw, cap), 1.0)
+    return w, m & (raw > cap)
+
+
 def policy_loss(
     logp_BL: jax.Array,
     old_logp_BL: jax.Array,
@@ -299,6 +321,7 @@ def policy_loss(
     config: PPOConfig,
     ref_logp_BL: jax.Array | None = None,
     entropy_BL: jax.Array | None = None,
+    is_weight_BL: jax.Array | None = None,
 ) -> tuple[jax.Array, Metrics]:
     """PPO/GRPO policy loss: clipped surrogate + ``kl_coef`` * KL(pi || ref) - ``entropy_coef`` * entropy.
 
@@ -315,6 +338,10 @@ def policy_loss(
     empty), ``advantage_mean``, ``num_tokens``, ``num_seqs`` (sequences with a masked token); with
     a reference ``kl_ref`` (token mean of ``config.kl_estimator``) and ``kl_loss`` (the aggregated
     term); with entropy ``entropy`` (token mean) and ``entropy_loss`` (the aggregated term).
+
+    ``is_weight_BL`` (optional, under ``stop_gradient``): a per-token importance weight multiplying
+    the clipped surrogate's token loss before aggregation (`truncated_is_weights`: decoupled PPO,
+    ``old_logp_BL`` then the proximal policy's); metric ``is_weight_mean``.
     """
     if config.kl_coef > 0 and ref_logp_BL is None:
         raise ConfigError(f"kl_coef={config.kl_coef!r}: expected ref_logp_BL to be given (or kl_coef=0)")
@@ -322,11 +349,13 @@ def policy_loss(
         raise ConfigError(f"entropy_coef={config.entropy_coef!r}: expected entropy_BL to be given (or entropy_coef=0)")
     _check_shapes(
         logp_BL=logp_BL, old_logp_BL=old_logp_BL, advantages_BL=advantages_BL, mask_BL=mask_BL,
-        ref_logp_BL=ref_logp_BL, entropy_BL=entropy_BL,
+        ref_logp_BL=ref_logp_BL, entropy_BL=entropy_BL, is_weight_BL=is_weight_BL,
     )  # fmt: skip
     agg = {"agg": config.agg, "norm_length": config.norm_length}
     m = _mask(mask_BL)
     tok_loss, info = ppo_token_loss(logp_BL, old_logp_BL, advantages_BL, mask_BL, config=config)
+    if is_weight_BL is not None:
+        tok_loss = tok_loss * _masked(jax.lax.stop_gradient(is_weight_BL), m)
     pg_loss = aggregate(tok_loss, m, **agg)
     loss = pg_loss
 
@@ -350,6 +379,8 @@ def policy_loss(
         "num_tokens": n_tok,
         "num_seqs": jnp.sum(jnp.any(m, axis=-1), dtype=jnp.float32),
     }
+    if is_weight_BL is not None:
+        metrics["is_weight_mean"] = jnp.where(any_tok, mean(is_weight_BL), 1.0)
     if ref_logp_BL is not None:
         kl_BL = kl_estimate(logp_BL, ref_logp_BL, m, estimator=config.kl_estimator, max_log_ratio=config.max_log_ratio)
         kl_term = aggregate(kl_BL, m, **agg)
@@ -497,4 +528,5 @@ __all__ = [
     "ppo_token_loss",
     "sequence_logp",
     "sft_loss",
+    "truncated_is_weights",
 ]

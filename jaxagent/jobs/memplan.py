@@ -197,6 +197,8 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
     terms = {"parameters": params_b, "optimizer_state": opt_b if trains else 0,
              "kv_cache": kv_b if uses_engine else 0, "park_cache": park_b if uses_engine else 0,
              "engine_logits": logits_b if uses_engine else 0}
+    if cfg.rl.max_staleness and cfg.job in ("rl", "sft+rl"):  # asynchronous RL: the engine decodes with its own copy
+        terms["engine_params"] = params_b
     resident = sum(terms.values())
 
     # ---- the compiled programs
@@ -233,6 +235,7 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
         "kv_cache": "rollout.slots (linear) or rollout.capacity (linear)",
         "park_cache": "rollout.park_rows (linear; default group_size x tasks_per_step rows of rollout.capacity)",
         "engine_logits": "rollout.slots",
+        "engine_params": "rl.max_staleness=0 (the synchronous loop decodes with the trained weights themselves)",
     }
     knobs.update({
         "transient of update": "rl.microbatches (activations scale with minibatch_size / microbatches), "

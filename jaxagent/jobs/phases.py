@@ -227,15 +227,28 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
         last_eval = sorted(during, key=lambda r: r["step"])[-1] if during else {}
     budget = FailureBudget.from_settings(cfg.rl)
 
-    def step(i, trainer):
+    def plan(i):  # iteration i's tasks and key, whichever loop plays them
         rng = step_rng(cfg.seed, "rl", i)
         tasks = [run.train_tasks[j] for j in rng.choice(len(run.train_tasks), cfg.rl.tasks_per_step, replace=False)]
-        metrics, trajs = trainer.iteration(tasks, step_key(cfg.seed, "rl", i), index=i)
+        return tasks, step_key(cfg.seed, "rl", i)
+
+    asynchronous = None
+    if cfg.rl.max_staleness:  # jaxagent.train.async_rl: rollouts never wait for the update
+        from jaxagent.train.async_rl import AsyncRL
+
+        asynchronous = AsyncRL(trainer, plan, max_staleness=cfg.rl.max_staleness, start=start)
+
+    def step(i, trainer):
+        if asynchronous is not None:
+            metrics, trajs = asynchronous.iteration(i)
+        else:
+            metrics, trajs = trainer.iteration(*plan(i), index=i)
         return trainer, {"metrics": metrics, "trajs": trajs}
 
     def log(i, trainer, out):
         run.log.log("rl", i, out["metrics"], show=("success", "reward", "turns", "info/gain_mean", "info/gate_mean",
-                                                   "update/kl_ref", "sim/failed_episodes", "tokens_per_s"))
+                                                   "update/kl_ref", "sim/failed_episodes", "tokens_per_s",
+                                                   "async/staleness_mean"))
         if run.processes.is_main:  # every process holds every episode (jaxagent.rollout.processes)
             with open(traj_dir / f"iter_{i:05d}.jsonl", "w", encoding="utf-8") as f:
                 for t in out["trajs"][: 2 * cfg.rl.group_size]:
@@ -248,14 +261,22 @@ def run_rl(run: Run, params) -> tuple[Any, int]:
         nonlocal last_eval
         done = i + 1
         if cfg.eval.every and done % cfg.eval.every == 0 and done < cfg.steps:
+            if asynchronous is not None:  # the engine is the evaluation's while it runs
+                asynchronous.pause()
             last_eval = run_eval(run, trainer.state.model_params, "during", done)
+            if asynchronous is not None:
+                asynchronous.resume()
 
     run.log.start("rl", cfg.steps, start, desc=f"rl ({cfg.rl.credit})")
-    fit(trainer, step, start=start, total=cfg.steps,
-        hooks=[log, failures, skip_check(run, "rl", cfg.rl.max_skipped_share, "rl.max_skipped_share", cfg.steps,
-                                         state_of=lambda tr: tr.state), evaluate],
-        checkpoint=Checkpointing(ckpt, cfg.checkpoint.every, "next_iter", tree=lambda tr: tr.checkpoint_tree(),
-                                 metrics=lambda: {"eval/success": last_eval.get("success", 0.0)}),
-        on_error=failure_record(run, "rl"))
+    try:
+        fit(trainer, step, start=start, total=cfg.steps,
+            hooks=[log, failures, skip_check(run, "rl", cfg.rl.max_skipped_share, "rl.max_skipped_share", cfg.steps,
+                                             state_of=lambda tr: tr.state), evaluate],
+            checkpoint=Checkpointing(ckpt, cfg.checkpoint.every, "next_iter", tree=lambda tr: tr.checkpoint_tree(),
+                                     metrics=lambda: {"eval/success": last_eval.get("success", 0.0)}),
+            on_error=failure_record(run, "rl"))
+    finally:
+        if asynchronous is not None:
+            asynchronous.close()
     run.log.end("rl")
     return trainer.state.model_params, int(trainer.state.step)

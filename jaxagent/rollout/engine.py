@@ -54,6 +54,7 @@ class EngineResult:
     stopped: bool
     truncated: bool
     prefill_tokens: int  # tokens this request prefilled (the whole prompt without prefix reuse)
+    version: int = 0  # the policy version (`GenerationEngine.version`) whose weights generated it
 
 
 @dataclasses.dataclass
@@ -206,6 +207,8 @@ class GenerationEngine:
         self._seq = 0
         self._stepping = False
         self._cancelled = False  # a request was cancelled since the last boundary
+        self.version = 0  # the policy version of ``params`` (`set_params`, `publish`)
+        self._next: tuple[Params, int] | None = None  # weights `publish`ed, applied at a call boundary
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -280,12 +283,34 @@ class GenerationEngine:
                 self._wake.set()
             raise
 
-    def set_params(self, params: Params) -> None:
+    def set_params(self, params: Params, version: int | None = None) -> None:
         """New policy weights (after an update): every cached prefix was computed with the old
-        ones, so all lanes and park rows are forgotten. Only between batches of requests."""
+        ones, so all lanes and park rows are forgotten. Only between batches of requests (for an
+        update while episodes run, `publish`). ``version``: the policy version results are tagged
+        with from now on (`EngineResult.version`; None: one more than the current)."""
         if any(r is not None for r in self.running) or self.pending:
             raise RuntimeError("set_params: requests are in flight; call it between rollout batches")
+        self._next = None
+        self._apply_params(params, self.version + 1 if version is None else version)
+
+    def publish(self, params: Params, version: int) -> None:
+        """New weights while requests run (asynchronous RL's partial rollouts; call it on the
+        engine's event loop): no request is admitted until the running ones have finished their
+        turn with the weights that began it, then the weights change at that call boundary, every
+        cached prefix is forgotten (a session's next turn is prefilled under the new weights) and
+        the requests that waited are admitted. So each result comes from one version. A later
+        `publish` before the change replaces the weights it waits to apply."""
+        self._next = (params, int(version))
+        if self._task is None or self._task.done():
+            if not any(r is not None for r in self.running) and not self.pending:
+                self._apply_params(*self._next)
+                self._next = None
+        elif self._wake is not None:
+            self._wake.set()
+
+    def _apply_params(self, params: Params, version: int) -> None:
         self.params = self.place(params)
+        self.version = version
         self.owner = [None] * self.slots
         self.held = [[] for _ in range(self.slots)]
         self.lru.clear()
@@ -545,7 +570,10 @@ class GenerationEngine:
             await self._settle()
             self._drop_cancelled()
             self._apply_releases()
-            admitted = self._admit()
+            if self._next is not None and not any(r is not None for r in self.running):
+                self._apply_params(*self._next)  # `publish`: the running turns have all finished
+                self._next = None
+            admitted = self._admit() if self._next is None else []
             if not admitted and not any(self.running):
                 if self.pending:  # nothing runs and what waits is due at the next boundary: it is now
                     self._boundary += 1
@@ -567,4 +595,4 @@ class GenerationEngine:
                 self._deliver(req.session)
                 if not req.future.done():
                     req.future.set_result(EngineResult(req.out, req.lpp, req.lps, stop, truncated,
-                                                       req.prefill_tokens))
+                                                       req.prefill_tokens, self.version))

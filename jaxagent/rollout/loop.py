@@ -87,6 +87,7 @@ class PolicyAgent(Agent):
         self.kinds: dict[int, str] = {}
         self.alternatives: dict[int, list[tuple[list[int], float]]] = {}
         self.gen_lps: list[list[float]] = []
+        self.versions: list[int] = []  # per action turn: the policy version that generated it
         self.counters = {"format_errors": 0, "truncated_replies": 0}
 
     def start(self, task_id: str, reset: Reset, env: Environment) -> None:
@@ -110,6 +111,7 @@ class PolicyAgent(Agent):
             return None
         res = await self.engine.generate(self.session, chat.start_generation(), s, self.turn_keys[turn])
         chat.append_generated(res.tokens)
+        self.versions.append(res.version)
         # the distribution that drew the tokens (the trainer's old log-probs): temperature and the
         # vocabulary limit applied; greedy turns (no distribution) keep the raw policy's
         self.gen_lps.append(list(res.logp_sample if s.temperature > 0 else res.logp_policy))
@@ -141,12 +143,13 @@ class PolicyAgent(Agent):
 
     def trajectory(self, episode, group_id: int) -> Trajectory:
         """The episode's record: the rendered tokens (an empty record when the reset failed), the
-        sampler's log-probs, the step rewards, reaction labels, termination, timings and counters."""
+        sampler's log-probs, the step rewards, reaction labels, termination, timings and counters
+        (``info["policy_versions"]``: the engine's policy version that generated each action turn)."""
         chat = self.chat
         if chat is None:  # the reset itself failed: an empty record that still counts
             chat = ChatRenderer(self.tok)
             chat.add({"role": "user", "content": ""})
-        info = {**episode.info, **self.counters}
+        info = {**episode.info, **self.counters, "policy_versions": list(self.versions)}
         return Trajectory.from_rendered(
             chat.finish(), task_id=episode.task_id, group_id=group_id, generated_logprobs=self.gen_lps,
             turn_rewards=episode.rewards, outcome_reward=episode.outcome, reaction_labels=self.labels,

@@ -50,7 +50,7 @@ import optax
 from jaxagent.credit.fusion import fuse_terms
 from jaxagent.credit.grpo import GRPOConfig
 from jaxagent.credit.infopo import InfoPOConfig
-from jaxagent.credit.losses import PPOConfig
+from jaxagent.credit.losses import PPOConfig, truncated_is_weights
 from jaxagent.credit.reaction import FacaConfig
 from jaxagent.credit.registry import make_terms, parse_credit
 from jaxagent.credit.terms import CreditTerm
@@ -70,6 +70,10 @@ from jaxagent.train.why import why_metrics
 
 #: The fusion diagnostics `why_metrics` reads.
 WHY_INPUTS = ("A_info_BT", "info_valid_BT", "r_info_BT", "A_proc_BQ")
+
+#: ``rl.behaviour_correction``: what the PPO ratio is taken against (`RLSettings`).
+BEHAVIOUR_CORRECTIONS = ("ratio", "truncated_is")
+
 
 @dataclasses.dataclass(frozen=True)
 class RLSettings:
@@ -103,6 +107,16 @@ class RLSettings:
     # simulator_failure (failure_budget_iters=0: never).
     failure_share: float = 0.5
     failure_budget_iters: int = 3
+    max_staleness: int = dataclasses.field(default=0, metadata={
+        "help": "asynchronous RL (jaxagent.train.async_rl): episodes keep running while the update is computed; a "
+                "batch takes finished groups whose oldest turn is at most this many policy versions old (older "
+                "ones are dropped and counted); 0: the synchronous loop"})
+    behaviour_correction: str = dataclasses.field(default="ratio", metadata={
+        "help": "ratio: the PPO ratio against the log-probs the tokens were sampled with (the behaviour policy); "
+                "truncated_is: the ratio against the weights at the start of the update, each token weighted by "
+                "min(pi_start / mu, rl.is_cap)"})
+    is_cap: float = dataclasses.field(default=2.0, metadata={
+        "help": "rl.behaviour_correction=truncated_is: the cap of the importance weights (> 0)"})
 
     def __post_init__(self) -> None:
         parse_credit(self.credit)  # registered terms, each once
@@ -130,6 +144,16 @@ class RLSettings:
         if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
             raise ValueError(f"failure_budget_iters={iters!r}: expected an integer >= 0 (consecutive failing "
                              "iterations that stop the run; 0: never stop)")
+        k = self.max_staleness
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"max_staleness={k!r}: expected an integer >= 0 (policy versions a trained turn may "
+                             "lag the update; 0: the synchronous loop)")
+        if self.behaviour_correction not in BEHAVIOUR_CORRECTIONS:
+            raise ValueError(f"behaviour_correction={self.behaviour_correction!r}: expected one of "
+                             f"{BEHAVIOUR_CORRECTIONS}")
+        cap = self.is_cap
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0 or cap == float("inf"):
+            raise ValueError(f"is_cap={cap!r}: expected a finite number > 0 (the truncated importance weights' cap)")
 
 
 def _check_share(name: str, share: Any, what: str) -> None:
@@ -303,6 +327,12 @@ class RLTrainer:
                 "old_logp": jnp.asarray(host.logprobs_BL)}
         if self.ppo.kl_coef > 0:
             data["ref_logp"] = self.scores(self.ref_params, tokens)
+        if self.settings.behaviour_correction == "truncated_is":  # decoupled PPO (jaxagent.train.async_rl)
+            prox = self.scores(self.state.model_params, tokens)
+            data["is_weight"], cut = truncated_is_weights(prox, data["old_logp"], batch.loss_mask_BL,
+                                                          cap=self.settings.is_cap, max_log_ratio=self.ppo.max_log_ratio)
+            data["old_logp"] = prox
+            metrics["update/is_truncated_share"] = float(jnp.sum(cut) / jnp.maximum(jnp.sum(batch.loss_mask_BL != 0), 1))
         jax.block_until_ready(data)  # time the credit here, not in the first update
         t_credit = time.perf_counter() - t1
 
@@ -464,5 +494,5 @@ class FailureBudget:
                 f"(rl.failure_budget_iters={self.iters}); {failure_causes(trajs)}")
 
 
-__all__ = ["CREDIT_INPUTS", "FailureBudget", "RLSettings", "RLTrainer", "SimulatorFailureBudget", "credit_metrics",
+__all__ = ["BEHAVIOUR_CORRECTIONS", "CREDIT_INPUTS", "FailureBudget", "RLSettings", "RLTrainer", "SimulatorFailureBudget", "credit_metrics",
            "register_credit_input"]

@@ -286,7 +286,8 @@ def sft_loss_fn(config: QwenConfig, agg: str = "token_mean") -> LossFn:
 def ppo_loss_fn(config: QwenConfig, ppo: PPOConfig, *, temperature: float = 1.0,
                 vocab_limit: int | None = None) -> LossFn:
     """The clipped policy loss; the batch holds ``tokens``, ``loss_mask``, ``advantages``,
-    ``old_logp`` and (with a KL term) ``ref_logp``, all [B, L] aligned to the tokens. The policy
+    ``old_logp``, with a KL term ``ref_logp`` and with truncated importance sampling ``is_weight``
+    (`jaxagent.credit.losses.truncated_is_weights`), all [B, L] aligned to the tokens. The policy
     is scored at the sampler's ``temperature`` / ``vocab_limit`` (the distribution that drew the
     tokens, as ``old_logp`` and ``ref_logp`` must be), and its entropy is that distribution's. A
     ``dropout_key`` in the batch (`make_update`'s ``dropout_seed``) drives the LoRA dropout."""
@@ -299,7 +300,7 @@ def ppo_loss_fn(config: QwenConfig, ppo: PPOConfig, *, temperature: float = 1.0,
         else:
             logp, ent = sequence_scores(params, batch["tokens"], config=config, **kw), None
         return policy_loss(logp, batch["old_logp"], batch["advantages"], batch["loss_mask"], config=ppo,
-                           ref_logp_BL=batch.get("ref_logp"), entropy_BL=ent)
+                           ref_logp_BL=batch.get("ref_logp"), entropy_BL=ent, is_weight_BL=batch.get("is_weight"))
 
     return loss_fn
 
