@@ -119,3 +119,72 @@ def test_an_asynchronous_job_trains_on_partial_rollouts_within_the_staleness_bou
     evals = [json.loads(line) for line in (tmp_path / "k1" / "metrics.jsonl").read_text().splitlines()
              if json.loads(line).get("phase") == "eval"]
     assert any(r.get("label") == "during" for r in evals)  # the producer paused for it and resumed
+
+
+class _Engine:
+    def __init__(self):
+        self.stats, self.version, self.published = {"device_s": 0.0}, None, []
+
+    def set_params(self, params, version=None):
+        self.version = version
+
+    def publish(self, params, version):
+        self.published.append(version)
+
+
+def _fake_trainer(P=2, G=2):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(settings=SimpleNamespace(tasks_per_step=P, group_size=G), engine=_Engine(),
+                           state=SimpleNamespace(model_params={"w": jnp.zeros(2)}), processes=None,
+                           episode=SimpleNamespace(max_turns=2), make_env=lambda: None, tok=None, sampling=None)
+
+
+def _plan(i):
+    return ["a", "b"], jax.random.key(i)
+
+
+def test_the_producer_starts_at_most_k_iterations_ahead_and_close_cancels_what_runs(monkeypatch):
+    import time as _time
+
+    import jaxagent.train.async_rl as ar
+
+    async def never(*args, **kwargs):  # an episode whose user never answers
+        import asyncio
+
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(ar, "run_episode", never)
+    loop = ar.AsyncRL(_fake_trainer(), _plan, max_staleness=1, start=3)
+    _time.sleep(0.5)
+    assert loop.trainer.engine.version == 3  # the producer's engine starts at the run's version
+    assert loop.started_groups == (1 + 1) * 2  # iterations 3 and 4's groups: K = 1 ahead, no more
+    t0 = _time.perf_counter()
+    loop.close()  # cancels the running groups: no hour-long wait
+    assert _time.perf_counter() - t0 < 10 and loop.ready == []
+
+
+def test_an_agent_error_in_the_rollouts_reaches_the_trainer(monkeypatch):
+    import jaxagent.train.async_rl as ar
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("rollout.max_tokens too small")
+
+    monkeypatch.setattr(ar, "run_episode", broken)
+    loop = ar.AsyncRL(_fake_trainer(), _plan, max_staleness=1)
+    with pytest.raises(ar.ProducerFailed, match="rollout.max_tokens too small"):
+        loop.take(0)
+    loop.close()
+
+
+def test_max_staleness_is_refused_below_1_and_with_several_processes():
+    from types import SimpleNamespace
+
+    import jaxagent.train.async_rl as ar
+
+    with pytest.raises(ValueError, match="max_staleness=0"):
+        ar.AsyncRL(_fake_trainer(), _plan, max_staleness=0)
+    tr = _fake_trainer()
+    tr.processes = SimpleNamespace(multi=True, count=2)
+    with pytest.raises(ValueError, match="one process"):
+        ar.AsyncRL(tr, _plan, max_staleness=1)

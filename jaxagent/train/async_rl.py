@@ -140,24 +140,26 @@ class AsyncRL:
         self._thread.start()
         ready.wait()
 
-    def pause(self, *, cancel: bool = False) -> None:
-        """No group starts; the running ones finish (kept for the next batch), or with ``cancel``
-        are cancelled (their episodes end where they are and are forgotten); the thread ends."""
+    def pause(self) -> None:
+        """No group starts; the running ones finish (kept for the next batch); the thread ends.
+        Raises `ProducerFailed` if the rollouts failed."""
+        self._stop(cancel=False)
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        """The running groups cancelled, the thread ended, the finished groups not trained on
+        forgotten (never raises: a failure was raised by `take` already)."""
+        self._stop(cancel=True)
+        with self._cond:
+            self.ready.clear()
+
+    def _stop(self, *, cancel: bool) -> None:
         if self._thread is None:
             return
         self._pausing, self._cancel = True, cancel
         self._poke()
         self._thread.join()
         self._thread = self._loop = self._wake = None
-        self._raise_if_failed()
-
-    def close(self) -> None:
-        """The running groups cancelled, the thread ended, the finished groups not trained on forgotten."""
-        try:
-            self.pause(cancel=True)
-        finally:
-            with self._cond:
-                self.ready.clear()
 
     def _main(self, ready: threading.Event) -> None:
         async def run():
@@ -216,7 +218,15 @@ class AsyncRL:
         coros = [run_episode(tr.engine, tr.make_env(), tr.tok, task_id=tasks[j], seed=e, group_id=g,
                              sampling=tr.sampling, key=None, config=tr.episode, session=f"{tasks[j]}#{g}#{e}",
                              turn_keys=keys[j * self.G + e]) for e in range(self.G)]
-        trajs = list(await asyncio.gather(*coros))
+        try:
+            trajs = list(await asyncio.gather(*coros))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - an agent's error (the runner keeps simulators'): to `take`
+            with self._cond:
+                self.error = self.error or e
+                self._cond.notify_all()
+            return
         with self._cond:
             self.ready.append(Group(g, trajs, started))
             self._cond.notify_all()
