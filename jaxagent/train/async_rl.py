@@ -288,9 +288,12 @@ class AsyncRL:
         self.version = i + 1
         self.params = _copy(self.trainer.state.model_params)
         loop = self._loop
-        if loop is not None:
+        if loop is not None:  # paused: `resume` hands the engine these weights
             params, version = self.params, self.version
-            loop.call_soon_threadsafe(lambda: self._on_publish(params, version))
+            try:
+                loop.call_soon_threadsafe(lambda: self._on_publish(params, version))
+            except RuntimeError:  # the rollout thread ended (failed): the next `take` raises why
+                pass
         stale = [i - g.oldest() for g in taken]
         with self._cond:
             buffered = len(self.ready)
