@@ -109,3 +109,34 @@ class Running:
 
     def __exit__(self, *exc):
         self.thread.stop()
+
+
+def launch_serve(tmp_path, *overrides: str, timeout_s: float = 120.0):
+    """``python -m jaxagent.launch job=serve serve.port=0 serve.model_name=tiny runs_dir=<tmp_path>
+    <overrides>`` as a real process: ``(process, base URL, the stderr lines read so far)`` once it
+    says where it listens (AssertionError with its stderr if it never does; the caller ends the process)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    cmd = [sys.executable, "-m", "jaxagent.launch", "job=serve", "serve.port=0", "serve.model_name=tiny",
+           f"runs_dir={tmp_path}", *overrides]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url, lines = None, []
+    deadline = time.monotonic() + timeout_s
+    while url is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line and proc.poll() is not None:
+            break
+        lines.append(line)
+        m = re.search(r"on (http://127\.0\.0\.1:\d+/v1)", line)
+        url = m.group(1) if m else None
+    if url is None:
+        proc.kill()
+    assert url is not None, "".join(lines)
+    return proc, url, lines

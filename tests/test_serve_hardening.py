@@ -10,12 +10,9 @@ Every check is by order (an event set, a count reached), not by time: deadlines 
 bounds on a hang, never latency assertions (those belong to scripts/bench_serve.py)."""
 
 import json
-import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,7 +24,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from jaxagent.serve.server import ServerThread, _EncodeVia, make_app, token_facts  # noqa: E402
-from serve_helpers import MODEL, Running, make_server, tokenizer, tool_model  # noqa: E402
+from serve_helpers import MODEL, Running, launch_serve, make_server, tokenizer, tool_model  # noqa: E402
 
 from conftest import FIXTURES  # noqa: E402
 
@@ -338,22 +335,9 @@ def test_sigterm_under_load_ends_every_request_cleanly(tmp_path):
     """A real `job=serve` process: 12 long requests (half streamed) in flight, SIGTERM with a 1 s
     drain: each ends with its answer, a JSON 503 or an SSE error event and [DONE]; the process
     exits 0, its summary's counts add up, and stderr holds no traceback or pending-task warning."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
-    cmd = [sys.executable, "-m", "jaxagent.launch", "job=serve", f"tokenizer={FIXTURES / 'tokenizer_qwen'}",
-           "serve.port=0", "rollout.slots=2", "rollout.capacity=512", "rollout.decode_steps=1",
-           "serve.shutdown_timeout_s=1", "serve.model_name=tiny", f"runs_dir={tmp_path}"]
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, url, lines = launch_serve(tmp_path, f"tokenizer={FIXTURES / 'tokenizer_qwen'}", "rollout.slots=2",
+                                    "rollout.capacity=512", "rollout.decode_steps=1", "serve.shutdown_timeout_s=1")
     try:
-        url, lines = None, []
-        deadline = time.monotonic() + 120
-        while url is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line and proc.poll() is not None:
-                break
-            lines.append(line)
-            m = re.search(r"on (http://127\.0\.0\.1:\d+/v1)", line)
-            url = m.group(1) if m else None
-        assert url is not None, "".join(lines)
         body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 500, "temperature": 0}
         assert httpx.post(url + "/completions", json={**body, "max_tokens": 2}, timeout=120).status_code == 200
         out: list = []

@@ -5,13 +5,9 @@ the LLM-user simulator's client, and `job=eval env=tau2_retail agent=endpoint` a
 import asyncio
 import dataclasses
 import json
-import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import jax
@@ -25,8 +21,8 @@ from jaxagent.jobs.config import load_config  # noqa: E402
 from jaxagent.jobs.serve import build_server, resolve  # noqa: E402
 from jaxagent.models import save_pretrained  # noqa: E402
 from jaxagent.serve.server import ServerThread, make_app  # noqa: E402
-from serve_helpers import (AGENT_TURN, MODEL, PROFILE, THINKING, TOOL_CHAT, TOOLS, Running, tokenizer,  # noqa: E402
-                           tool_model)
+from serve_helpers import (AGENT_TURN, MODEL, PROFILE, THINKING, TOOL_CHAT, TOOLS, Running, launch_serve,  # noqa: E402
+                           tokenizer, tool_model)
 
 from conftest import FIXTURES  # noqa: E402
 
@@ -44,21 +40,8 @@ def export(tmp_path: Path, cfg, params) -> Path:
 
 
 def test_the_launch_command_serves_until_sigterm_and_exits_0(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
-    cmd = [sys.executable, "-m", "jaxagent.launch", "job=serve", f"tokenizer={TOKENIZER}", "serve.port=0",
-           "rollout.slots=2", "rollout.capacity=512", "serve.model_name=tiny", f"runs_dir={tmp_path}"]
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, url, _ = launch_serve(tmp_path, f"tokenizer={TOKENIZER}", "rollout.slots=2", "rollout.capacity=512")
     try:
-        url, lines = None, []
-        deadline = time.monotonic() + 120
-        while url is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line and proc.poll() is not None:
-                break
-            lines.append(line)
-            m = re.search(r"on (http://127\.0\.0\.1:\d+/v1)", line)
-            url = m.group(1) if m else None
-        assert url is not None, "".join(lines)
         client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
         r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert r.usage.completion_tokens >= 1
