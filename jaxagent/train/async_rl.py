@@ -283,12 +283,11 @@ class AsyncRL:
         self._last_take, self._device_s = time.perf_counter(), device
         trajs = [t for g in sorted(taken, key=lambda g: g.index) for t in g.trajs]
         _, key = self.plan(i)
-        self.trainer.iteration_index = i
-        metrics = self.trainer._train(trajs, key, waited)
+        metrics = self.trainer.train_on(trajs, key, index=i, rollout_s=waited)
         self.version = i + 1
         self.params = _copy(self.trainer.state.model_params)
         loop = self._loop
-        if loop is not None:  # paused: `resume` hands the engine these weights
+        if loop is not None:  # running (paused: `resume` hands the engine these weights)
             params, version = self.params, self.version
             try:
                 loop.call_soon_threadsafe(lambda: self._on_publish(params, version))

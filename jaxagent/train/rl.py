@@ -268,16 +268,19 @@ class RLTrainer:
         t_roll = time.perf_counter() - t0
         return self._train(trajs, key, t_roll), trajs
 
-    def train_on(self, trajs: Sequence[Trajectory], key: jax.Array, index: int = 0) -> dict[str, Any]:
+    def train_on(self, trajs: Sequence[Trajectory], key: jax.Array, index: int = 0,
+                 rollout_s: float | None = None) -> dict[str, Any]:
         """Credit and PPO epochs on given episodes: the part of `iteration` after the rollout.
 
         ``key`` is the iteration's key: of its three splits the first is the rollout's (unused
         here), the second the credit's and the third the minibatch order's, so
         ``iteration(tasks, key)`` equals ``rollout(tasks, split(key, 3)[0])`` then
         ``train_on(trajs, key)``. Returns the metrics of `iteration` without the rollout's time
-        (``tokens_per_s`` over credit and update only). ``index``: as `iteration`'s."""
+        (``tokens_per_s`` over credit and update only), or with ``rollout_s`` (the seconds the
+        episodes took to come, e.g. asynchronous RL's wait for them) that time as ``time/rollout_s``.
+        ``index``: as `iteration`'s."""
         self.iteration_index = int(index)
-        return self._train(trajs, key, None)
+        return self._train(trajs, key, rollout_s)
 
     def credit(self, trajs: Sequence[Trajectory], key: jax.Array) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
         """The batch, the fused per-token advantage ``A_BL`` and its diagnostics (`fuse`) for
