@@ -336,7 +336,7 @@ def test_set_params_tags_versions_and_publish_without_requests_applies_at_once()
     engine = GenerationEngine(PARAMS, CFG, slots=2, capacity=32)
     assert engine.version == 0
     engine.set_params(PARAMS)
-    assert engine.version == 1
+    assert engine.version == 0  # untold: 0 (evaluations); RL passes the updates made
     engine.set_params(PARAMS_B, version=5)
     engine.publish(PARAMS, 9)  # nothing in flight: at once
     assert engine.version == 9 and engine.params is PARAMS

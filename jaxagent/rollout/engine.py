@@ -283,15 +283,16 @@ class GenerationEngine:
                 self._wake.set()
             raise
 
-    def set_params(self, params: Params, version: int | None = None) -> None:
+    def set_params(self, params: Params, version: int = 0) -> None:
         """New policy weights (after an update): every cached prefix was computed with the old
         ones, so all lanes and park rows are forgotten. Only between batches of requests (for an
         update while episodes run, `publish`). ``version``: the policy version results are tagged
-        with from now on (`EngineResult.version`; None: one more than the current)."""
+        with from now on (`EngineResult.version`; RL passes the number of updates made, so a
+        resumed run tags its turns as the uninterrupted one did)."""
         if any(r is not None for r in self.running) or self.pending:
             raise RuntimeError("set_params: requests are in flight; call it between rollout batches")
         self._next = None
-        self._apply_params(params, self.version + 1 if version is None else version)
+        self._apply_params(params, int(version))
 
     def publish(self, params: Params, version: int) -> None:
         """New weights while requests run (asynchronous RL's partial rollouts; call it on the

@@ -252,7 +252,7 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ rollouts
     def rollout(self, tasks: Sequence[str], key: jax.Array) -> list[Trajectory]:
-        self.engine.set_params(self.state.model_params)
+        self.engine.set_params(self.state.model_params, version=self.iteration_index)  # updates made so far
         return play_episodes(self.engine, self.make_env, self.tok, tasks, group_size=self.settings.group_size,
                              sampling=self.sampling, key=key, config=self.episode, processes=self.processes)
 
