@@ -240,7 +240,10 @@ def check_skipped_share(applied: int, skipped: int, limit: float, *, phase: str,
 
 def _cosine(a, b) -> jax.Array:
     """Cosine similarity of two pytrees of equal structure (0 when either is all zeros)."""
-    dot = sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    # an elementwise product summed, not `jnp.vdot`: vdot flattens its operands, and flattening an
+    # fsdp-sharded array gathers all of it on every device (the update of configs/infopo_7b.yaml held
+    # 27 GB more temp per device for it: docs/PODS.md)
+    dot = sum(jnp.sum(x * y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
     na, nb = optax.tree.norm(a), optax.tree.norm(b)
     return jnp.where((na > 0) & (nb > 0), dot / jnp.where((na > 0) & (nb > 0), na * nb, 1.0), 0.0)
 
