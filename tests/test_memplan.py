@@ -87,12 +87,27 @@ def test_kv_cache_bytes_formula():
     assert kv_cache_bytes(q, 64, 8192) == kv_cache_bytes_7b(64) == 30_064_771_072  # 30.1 GB for 64 slots
 
 
-if __name__ == "__main__":
-    pytest.main([__file__, "-q"])
-
-
 def test_asynchronous_rl_plans_the_engines_own_copy_of_the_weights():
     sync = plan_memory(load_config(None, TINY), compile=False)["per_device_bytes"]
     asyn = plan_memory(load_config(None, TINY + ["rl.max_staleness=1"]), compile=False)["per_device_bytes"]
     assert "engine_params" not in sync
     assert asyn["engine_params"] == sync["parameters"] > 0
+
+
+def test_tiny_dpo_pair_update_compiles_with_its_pairs_as_arguments():
+    cfg = load_config(None, TINY + ["job=dpo", "dpo.batch_size=4", "dpo.microbatches=2", "dpo.max_len=128",
+                                     f"dpo.data={Path(__file__).parent / 'fixtures' / 'data' / 'dpo_pairs.jsonl'}"])
+    plan = plan_memory(cfg)
+    assert set(plan["programs"]) == {"update"} and "error" not in plan["programs"]["update"]
+    assert not any("not compiled" in n for n in plan["notes"])
+    m, b = plan["programs"]["update"], plan["per_device_bytes"]
+    state = b["parameters"] + b["optimizer_state"]
+    # 4 pairs x 128 positions: chosen and rejected tokens (int32) and masks (bool), weight and both references [4, 1]
+    batch = 2 * 4 * 128 * 4 + 2 * 4 * 128 + 3 * 4 * 4
+    assert state + batch <= m["argument"] <= state + batch + 1024
+    assert m["temp"] > 0 and plan["largest_transient"] == "update"
+    assert "dpo.microbatches" in plan["knob"] or plan["dominant_term"] != "transient of update"
+
+
+if __name__ == "__main__":
+    pytest.main([__file__, "-q"])

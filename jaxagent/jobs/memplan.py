@@ -51,6 +51,8 @@ import math
 import time
 from typing import Any
 
+from jaxagent.jobs.plan_programs import compile_program, match_shardings
+
 #: Named device kinds and their memory (bytes, nominal GB as 1e9: conservative against GiB).
 DEVICE_KINDS: dict[str, int] = {"A800/H100 80GB": 80 * 10**9, "H200 141GB": 141 * 10**9, "TPU v4 32GB": 32 * 10**9,
                                 "TPU v5e 16GB": 16 * 10**9, "TPU v5p 95GB": 95 * 10**9}
@@ -162,18 +164,20 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
 
         opt_abs = jax.eval_shape(make_optimizer(cfg.optim).init, trained)
         opt_b_actual = sum(_per_device_bytes(x, s) for x, s in zip(
-            [x for x in jax.tree.leaves(opt_abs) if x.ndim], [s for s in _match_shardings(opt_abs, trained, t_shard)]))
+            [x for x in jax.tree.leaves(opt_abs) if x.ndim], [s for s in match_shardings(opt_abs, trained, t_shard)]))
         if opt_b_actual != opt_b:
             mu_dtype_note = (f"optax keeps AdamW's moments in the trained parameters' dtype "
                              f"({cfg.model.param_dtype}): {_gb(opt_b_actual)} GB, not 2 x fp32 = {_gb(opt_b)} GB")
             opt_b = opt_b_actual
     if mu_dtype_note:
         notes.append(mu_dtype_note)
-    # the update's rows, microbatches and length: the RL trainer's, or job=sft's (sft.batch_size rows of
-    # at most sft.max_len, sft.microbatches); job=dpo's pair update is not planned (analytic terms only)
+    # the update's rows, microbatches and length: the RL trainer's, job=sft's (sft.batch_size rows of
+    # at most sft.max_len, sft.microbatches) or job=dpo's (dpo.batch_size pairs of at most dpo.max_len)
     if cfg.job == "sft":
         rows, micro = cfg.sft.batch_size, max(1, cfg.sft.microbatches)
         L = cfg.sft.max_len or cfg.rollout.capacity
+    elif cfg.job == "dpo":
+        rows, micro, L = cfg.dpo.batch_size, max(1, cfg.dpo.microbatches), cfg.dpo.max_len
     else:
         rows = cfg.rl.minibatch_size or cfg.rl.group_size * cfg.rl.tasks_per_step
         micro, L = max(1, cfg.rl.microbatches), cfg.rollout.capacity
@@ -205,15 +209,12 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
     compiled: dict[str, Any] = {}
     want = programs or (("update", "prefill", "decode", "scorer") if uses_engine and trains else
                         ("update",) if trains else ("prefill", "decode"))
-    if cfg.job == "dpo" and "update" in want:
-        want = tuple(w for w in want if w != "update")
-        notes.append("job=dpo: the pair update is not compiled yet (parameters and optimizer state only)")
     if can_compile:
         p_abs = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, p_shard)
         for name in want:
             t0 = time.perf_counter()
             try:
-                c = _compile(name, cfg, qcfg, rules, p_abs, rows=rows, L=L, park=park, micro=micro, trained=trained)
+                c = compile_program(name, cfg, qcfg, rules, p_abs, rows=rows, L=L, park=park, micro=micro, trained=trained)
             except Exception as e:  # noqa: BLE001 (a program that does not lower here is reported, not fatal)
                 compiled[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 continue
@@ -229,6 +230,8 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
     peak = resident + (transients[worst] if worst else 0)
     parts = {**terms, **({f"transient of {worst}": transients[worst]} if worst else {})}
     dominant = max(parts, key=parts.get)
+    sec = cfg.job if cfg.job in ("sft", "dpo") else "rl"
+    length = {"sft": "sft.max_len", "dpo": "dpo.max_len"}.get(cfg.job, "rollout.capacity")
     knobs = {
         "parameters": "mesh.fsdp (shard the weights over more devices) or mesh.tensor",
         "optimizer_state": "mesh.fsdp (shard the moments), or model.lora.rank (train an adapter: no full-model moments)",
@@ -238,8 +241,8 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
         "engine_params": "rl.max_staleness=0 (the synchronous loop decodes with the trained weights themselves)",
     }
     knobs.update({
-        "transient of update": "rl.microbatches (activations scale with minibatch_size / microbatches), "
-                               "model.remat=full, rollout.capacity (the update's sequence length)",
+        "transient of update": (f"{sec}.microbatches (activations scale with the rows / microbatches), model.remat=full, "
+                                f"{length} (the update's sequence length)"),
         "transient of prefill": "rollout.slots and rollout.capacity (the largest prefill: every slot admitted with "
                                 "a capacity-long chunk, a shape the engine's warmup compiles)",
         "transient of decode": "rollout.slots (every running row's window is gathered per call), rollout.capacity",
@@ -260,97 +263,6 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
             "shapes": {"update_rows": rows, "update_length": L, "microbatches": micro, "capacity": r.capacity,
                        "slots": r.slots, "park_rows": park,
                        "decode_steps": r.decode_steps}}
-
-
-def _match_shardings(opt_abs, trained, t_shard):
-    """Shardings for the array leaves (ndim >= 1) of an optax state: each moment tree mirrors the
-    trained parameters, so the leaves come in the parameters' order, repeated."""
-    import jax
-
-    ps = jax.tree.leaves(t_shard)
-    shapes = [x.shape for x in jax.tree.leaves(trained)]
-    out, i = [], 0
-    for x in jax.tree.leaves(opt_abs):
-        if not x.ndim:
-            continue
-        j = i % len(ps)
-        assert x.shape == shapes[j], (x.shape, shapes[j])
-        out.append(ps[j])
-        i += 1
-    return out
-
-
-def _compile(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trained):
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from jaxagent.models.sharding import batch_sharding
-
-    mesh = rules.mesh
-    rep = NamedSharding(mesh, PartitionSpec())
-    sds = lambda shape, dt, s=rep: jax.ShapeDtypeStruct(shape, dt, sharding=s)
-    if name == "update":
-        from jaxagent.credit.losses import PPOConfig  # noqa: F401
-        from jaxagent.train.step import StepShardings, TrainState, make_optimizer, make_update, ppo_loss_fn, sft_loss_fn
-
-        tx = make_optimizer(cfg.optim)
-        trainable = ("lora",) if qcfg.lora is not None else None
-        st = jax.eval_shape(lambda p: TrainState.create(p, tx, trainable=trainable), p_abs)
-        # where the trainer's state lives: `tx.init` on the placed parameters gives moments laid out
-        # like them (eager zeros_like keeps the sharding); counters replicated (`place_on_mesh`)
-        sh = lambda t: jax.tree.map(lambda x: x.sharding, t)
-        t_abs = {"lora": p_abs["lora"]} if trainable else p_abs
-        t_shard = sh(t_abs)
-        moments = iter(_match_shardings(st.opt_state, t_abs, t_shard))
-        opt_shard = jax.tree.map(lambda x: next(moments) if x.ndim else rep, st.opt_state)
-        st_shard = TrainState(t_shard, opt_shard, rep, rep,
-                              None if st.frozen is None else sh({k: v for k, v in p_abs.items() if k != "lora"}))
-        st_abs = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), st, st_shard)
-        bs = batch_sharding(rules, shape=(rows, 1))
-        if cfg.job == "sft":
-            loss = sft_loss_fn(qcfg)
-            batch = {"tokens": sds((rows, L), jnp.int32, bs), "loss_mask": sds((rows, L), jnp.float32, bs)}
-        else:
-            loss = ppo_loss_fn(qcfg, cfg.ppo)
-            batch = {k: sds((rows, L), jnp.float32, bs) for k in ("loss_mask", "advantages", "old_logp")}
-            batch["tokens"] = sds((rows, L), jnp.int32, bs)
-            if cfg.ppo.kl_coef > 0:
-                batch["ref_logp"] = sds((rows, L), jnp.float32, bs)
-        upd = make_update(loss, tx, microbatches=micro, shardings=StepShardings(st_shard, bs))
-        return upd.lower(st_abs, batch).compile()
-    if name == "scorer":
-        from jaxagent.train.step import sequence_scores
-
-        bs = batch_sharding(rules, shape=(rows, 1))
-        fn = jax.jit(lambda p, t: sequence_scores(p, t, config=qcfg, row_chunk=cfg.rl.score_rows or None))
-        return fn.lower(p_abs, sds((rows, L), jnp.int32, bs)).compile()
-    from jaxagent.models.generate import KVCache
-    from jaxagent.rollout import engine as eng
-
-    S, C, V = cfg.rollout.slots, cfg.rollout.capacity, qcfg.vocab_size
-    shape = (qcfg.num_hidden_layers, S, C, qcfg.num_key_value_heads, qcfg.head_dim)
-    cache = KVCache(sds(shape, qcfg.dtype.compute), sds(shape, qcfg.dtype.compute), sds((S,), jnp.int32))
-    logits = sds((S, V), jnp.float32)
-    if name == "prefill":
-        A, T = S, C
-        i = lambda n: sds((n,), jnp.int32)
-        return eng._prefill.lower(p_abs, cache, i(A), sds((A, T), jnp.int32), i(A), i(A), logits,
-                                  config=qcfg, window=C).compile()
-    if name == "decode":
-        B = S
-        i = lambda n: sds((n,), jnp.int32)
-        f = lambda n: sds((n,), jnp.float32)
-        # the engine unrolls the layers on a CPU backend only (split weights): plan the accelerators' layer scan
-        real = jax.default_backend
-        eng.jax.default_backend = lambda: "gpu"
-        try:
-            return eng._decode.lower(p_abs, cache, logits, i(B), sds((B, 2), jnp.uint32), i(B), i(B), f(B), i(B), f(B),
-                                     sds((B, 4), jnp.int32), sds((B,), jnp.bool_), config=qcfg, vocab_limit=None,
-                                     steps=cfg.rollout.decode_steps, window=C).compile()
-        finally:
-            eng.jax.default_backend = real
-    raise ValueError(f"unknown program {name!r}")
 
 
 def format_plan(plan: dict[str, Any]) -> str:

@@ -1,0 +1,110 @@
+"""The programs `--plan` compiles (`jaxagent.jobs.memplan`): each jitted program a job runs, lowered
+with abstract shapes on the configured mesh: the update (RL's PPO loss, job=sft's SFT loss,
+job=dpo's pair loss), the teacher-forced scorer, and the engine's prefill and decode."""
+
+from __future__ import annotations
+
+
+def match_shardings(opt_abs, trained, t_shard):
+    """Shardings for the array leaves (ndim >= 1) of an optax state: each moment tree mirrors the
+    trained parameters, so the leaves come in the parameters' order, repeated."""
+    import jax
+
+    ps = jax.tree.leaves(t_shard)
+    shapes = [x.shape for x in jax.tree.leaves(trained)]
+    out, i = [], 0
+    for x in jax.tree.leaves(opt_abs):
+        if not x.ndim:
+            continue
+        j = i % len(ps)
+        assert x.shape == shapes[j], (x.shape, shapes[j])
+        out.append(ps[j])
+        i += 1
+    return out
+
+
+def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trained):
+    """Program ``name`` (update, scorer, prefill, decode) of ``cfg``'s job lowered with abstract
+    parameters ``p_abs`` on ``rules``' mesh and compiled (`jax.stages.Compiled`)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxagent.models.sharding import batch_sharding
+
+    mesh = rules.mesh
+    rep = NamedSharding(mesh, PartitionSpec())
+    sds = lambda shape, dt, s=rep: jax.ShapeDtypeStruct(shape, dt, sharding=s)
+    if name == "update":
+        from jaxagent.credit.losses import PPOConfig  # noqa: F401
+        from jaxagent.train.step import StepShardings, TrainState, make_optimizer, make_update, ppo_loss_fn, sft_loss_fn
+
+        tx = make_optimizer(cfg.optim)
+        trainable = ("lora",) if qcfg.lora is not None else None
+        st = jax.eval_shape(lambda p: TrainState.create(p, tx, trainable=trainable), p_abs)
+        # where the trainer's state lives: `tx.init` on the placed parameters gives moments laid out
+        # like them (eager zeros_like keeps the sharding); counters replicated (`place_on_mesh`)
+        sh = lambda t: jax.tree.map(lambda x: x.sharding, t)
+        t_abs = {"lora": p_abs["lora"]} if trainable else p_abs
+        t_shard = sh(t_abs)
+        moments = iter(match_shardings(st.opt_state, t_abs, t_shard))
+        opt_shard = jax.tree.map(lambda x: next(moments) if x.ndim else rep, st.opt_state)
+        st_shard = TrainState(t_shard, opt_shard, rep, rep,
+                              None if st.frozen is None else sh({k: v for k, v in p_abs.items() if k != "lora"}))
+        st_abs = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), st, st_shard)
+        bs = batch_sharding(rules, shape=(rows, 1))
+        agg = "token_mean"
+        if cfg.job == "sft":
+            loss = sft_loss_fn(qcfg)
+            batch = {"tokens": sds((rows, L), jnp.int32, bs), "loss_mask": sds((rows, L), jnp.float32, bs)}
+        elif cfg.job == "dpo":  # `jaxagent.train.dpo.train_dpo`'s update: chosen and rejected rows of one length
+            from jaxagent.train.dpo import DPO_AGG, dpo_loss_fn
+
+            d = cfg.dpo
+            loss, agg = dpo_loss_fn(qcfg, d.beta, d.loss_type, d.label_smoothing), DPO_AGG
+            batch = {f"{side}_{k}": sds((rows, L), dt, bs) for side in ("chosen", "rejected")
+                     for k, dt in (("tokens", jnp.int32), ("mask", jnp.bool_))}
+            batch.update({k: sds((rows, 1), jnp.float32, bs) for k in ("weight", "ref_chosen", "ref_rejected")})
+        else:
+            loss = ppo_loss_fn(qcfg, cfg.ppo)
+            batch = {k: sds((rows, L), jnp.float32, bs) for k in ("loss_mask", "advantages", "old_logp")}
+            batch["tokens"] = sds((rows, L), jnp.int32, bs)
+            if cfg.ppo.kl_coef > 0:
+                batch["ref_logp"] = sds((rows, L), jnp.float32, bs)
+        upd = make_update(loss, tx, microbatches=micro, agg=agg, shardings=StepShardings(st_shard, bs))
+        return upd.lower(st_abs, batch).compile()
+    if name == "scorer":
+        from jaxagent.train.step import sequence_scores
+
+        bs = batch_sharding(rules, shape=(rows, 1))
+        fn = jax.jit(lambda p, t: sequence_scores(p, t, config=qcfg, row_chunk=cfg.rl.score_rows or None))
+        return fn.lower(p_abs, sds((rows, L), jnp.int32, bs)).compile()
+    from jaxagent.models.generate import KVCache
+    from jaxagent.rollout import engine as eng
+
+    S, C, V = cfg.rollout.slots, cfg.rollout.capacity, qcfg.vocab_size
+    shape = (qcfg.num_hidden_layers, S, C, qcfg.num_key_value_heads, qcfg.head_dim)
+    cache = KVCache(sds(shape, qcfg.dtype.compute), sds(shape, qcfg.dtype.compute), sds((S,), jnp.int32))
+    logits = sds((S, V), jnp.float32)
+    if name == "prefill":
+        A, T = S, C
+        i = lambda n: sds((n,), jnp.int32)
+        return eng._prefill.lower(p_abs, cache, i(A), sds((A, T), jnp.int32), i(A), i(A), logits,
+                                  config=qcfg, window=C).compile()
+    if name == "decode":
+        B = S
+        i = lambda n: sds((n,), jnp.int32)
+        f = lambda n: sds((n,), jnp.float32)
+        # the engine unrolls the layers on a CPU backend only (split weights): plan the accelerators' layer scan
+        real = jax.default_backend
+        eng.jax.default_backend = lambda: "gpu"
+        try:
+            return eng._decode.lower(p_abs, cache, logits, i(B), sds((B, 2), jnp.uint32), i(B), i(B), f(B), i(B), f(B),
+                                     sds((B, 4), jnp.int32), sds((B,), jnp.bool_), config=qcfg, vocab_limit=None,
+                                     steps=cfg.rollout.decode_steps, window=C).compile()
+        finally:
+            eng.jax.default_backend = real
+    raise ValueError(f"unknown program {name!r}")
+
+
+__all__ = ["compile_program", "match_shardings"]
