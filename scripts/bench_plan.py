@@ -56,8 +56,8 @@ def child_run(ov: list[str]) -> dict:
     import numpy as np
 
     from jaxagent.jobs.config import load_config
-    from jaxagent.jobs.launcher import planning_model_config
-    from jaxagent.jobs.memplan import _compile
+    from jaxagent.jobs.build import planning_model_config
+    from jaxagent.jobs.plan_programs import compile_program
     from jaxagent.models import LogicalRules, make_mesh
     from jaxagent.models.qwen import init_params, param_logical_axes
     from jaxagent.train.step import TrainState, make_optimizer
@@ -74,8 +74,8 @@ def child_run(ov: list[str]) -> dict:
                            is_leaf=lambda x: isinstance(x, tuple))
     p_abs = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, p_shard)
     rows, L = cfg.rl.minibatch_size, cfg.rollout.capacity
-    compiled = _compile("update", cfg, qcfg, rules, p_abs, rows=rows, L=L, park=0, micro=cfg.rl.microbatches,
-                        trained=abstract)
+    compiled = compile_program("update", cfg, qcfg, rules, p_abs, rows=rows, L=L, park=0, micro=cfg.rl.microbatches,
+                               trained=abstract)
     import gc
 
     gc.collect()
