@@ -18,4 +18,7 @@ def test_bench_plan_plans_and_measures_the_same_update():
     assert run["preset"] == "tiny-qwen2" and run["update_finite"] == 1.0
     assert run["planned_bytes"] > run["plan_temp_bytes"] > 0 and run["measured_runtime_bytes"] > 0
     assert run["run_peak_rss"] > run["bare_jax_peak_rss"] > 0
-    assert summary["bench"] == "plan" and "ratio_plan_over_measured_tiny-qwen2" in summary
+    assert run["plan_host_bytes"] >= run["plan_host_compile_bytes"] > 0  # the plan's own process measured (Linux)
+    assert run["planned_cpu_run_bytes"] == run["planned_bytes"] + run["plan_host_bytes"]
+    assert summary["bench"] == "plan" and "ratio_cpu_run_plan_over_measured_tiny-qwen2" in summary
+    assert summary["ratio_plan_over_measured_runtime_tiny-qwen2"] > 0

@@ -238,3 +238,19 @@ def test_batch_padding_rows_enter_no_group_statistic():
     np.testing.assert_allclose(np.asarray(a5[:4]), np.asarray(a4), atol=1e-6)
     np.testing.assert_allclose(np.asarray(d5["gate_B"][:4]), np.asarray(d4["gate_B"]), atol=1e-6)
     assert (np.asarray(a5[4]) == 0).all()
+
+
+def test_packed_pass_longer_than_max_position_embeddings_keeps_its_positions_inside():
+    """The shared-prefix pass packs a trajectory and its suffixes into more tokens than the model's
+    max_position_embeddings (256 here) while every position stays below it: it runs, and gives the
+    vmapped histories' gains (each history is at most L + P tokens long)."""
+    batch = synthetic_batch(np.random.default_rng(3), batch=3, length=240, turns=8, vocab=64, min_turns=8,
+                            action_len=(10, 20), feedback_len=(1, 4), template_len=(0, 2), empty_feedback_prob=0.0)
+    need = packed_length(batch, len(PH), "replace", multiple=1)
+    assert need > CFG.max_position_embeddings
+    p = _params()
+    packed = compute_infogain(p, batch, PH, config=CFG, mode="shared_prefix")
+    ref = compute_infogain(p, batch, PH, config=CFG, mode="vmapped")
+    np.testing.assert_allclose(np.asarray(packed.r_info_BT), np.asarray(ref.r_info_BT), atol=1e-5)
+    with pytest.raises(ValueError, match="max_position_embeddings=256"):  # without positions: still refused
+        token_logprobs(p, jnp.zeros((1, 320), jnp.int32), config=CFG)

@@ -109,5 +109,92 @@ def test_tiny_dpo_pair_update_compiles_with_its_pairs_as_arguments():
     assert "dpo.microbatches" in plan["knob"] or plan["dominant_term"] != "transient of update"
 
 
+def _tiny_planning_setup(cfg):
+    """The tiny config's planning model, one-device rules and abstract parameters, as `plan_memory` builds them."""
+    import dataclasses
+
+    import jax
+
+    from jaxagent.jobs.build import planning_model_config
+    from jaxagent.models import LogicalRules, make_mesh
+    from jaxagent.models.qwen import init_params, param_logical_axes
+
+    qcfg = dataclasses.replace(planning_model_config(cfg)[0], remat=cfg.model.remat, attn_impl=cfg.model.attn_impl)
+    rules = LogicalRules(make_mesh(cfg.mesh, jax.devices()[:1]))
+    abstract = jax.eval_shape(lambda k: init_params(k, qcfg), jax.random.key(0))
+    shard = jax.tree.map(lambda ax, x: rules.sharding(ax, x.shape), param_logical_axes(qcfg), abstract,
+                         is_leaf=lambda x: isinstance(x, tuple))
+    p_abs = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shard)
+    return qcfg, rules, p_abs, shard
+
+
+@pytest.mark.parametrize("mode", ["shared_prefix", "vmapped"])
+def test_planned_infogain_program_is_the_one_the_trainer_runs(mode):
+    """--plan compiles InfoPO's info-gain call itself: run on a batch of the planned shapes, the
+    program it compiled gives what `compute_infogain` (the trainer's call) gives, bit for bit."""
+    import jax
+    import numpy as np
+
+    from jaxagent.jobs.plan_programs import compile_program, infogain_shapes
+    from jaxagent.models.qwen import init_params
+    from jaxagent.train.infogain import compute_infogain
+    from jaxagent.train.synthetic import synthetic_batch
+
+    cfg = load_config(None, TINY + ["rl.credit=infopo", f"infopo.mode={mode}", "rl.score_rows=2"])
+    sh = infogain_shapes(cfg, 128)
+    # 2 x 2 episodes of 128 tokens, 6 turns (rollout.max_turns), "No information found." <= 21 tokens
+    assert sh == {"rows": 4, "length": 128, "turns": 6, "placeholder_tokens": 21, "packed_len": 384}  # 256 + 126 -> 384
+    qcfg, rules, p_abs, shard = _tiny_planning_setup(cfg)
+    compiled = compile_program("infogain", cfg, qcfg, rules, p_abs, rows=4, L=128, park=0, micro=2, trained=None)
+    params = jax.jit(lambda k: init_params(k, qcfg), out_shardings=shard)(jax.random.key(1))
+    batch = synthetic_batch(np.random.default_rng(0), batch=4, length=128, turns=6, vocab=qcfg.vocab_size,
+                            action_len=(4, 12), feedback_len=(2, 10))
+    ph = np.arange(1, 22, dtype=np.int32)
+    got = compiled(params, batch, ph)
+    want = compute_infogain(params, batch, ph, config=qcfg, mode=mode, packed_len=sh["packed_len"], row_chunk=2)
+    assert np.abs(np.asarray(want.r_info_BT)).max() > 0
+    np.testing.assert_array_equal(np.asarray(got.r_info_BT), np.asarray(want.r_info_BT))
+    np.testing.assert_array_equal(np.asarray(got.counterfactual_sum_BT), np.asarray(want.counterfactual_sum_BT))
+
+
+def test_infopo_runs_plan_the_infogain_program_and_name_its_knob():
+    plan = plan_memory(load_config(None, TINY + ["rl.credit=infopo"]))
+    assert set(plan["programs"]) == {"update", "prefill", "decode", "scorer", "infogain"}
+    m, b = plan["programs"]["infogain"], plan["per_device_bytes"]
+    assert "error" not in m, m
+    # its arguments: the parameters and what the program reads of the batch (jit drops the unused ones):
+    # tokens and pad mask [4, 128] int32, action and feedback spans [4, 6, 2] int32, turn_valid [4, 6]
+    # bool, and the 21 placeholder ids
+    batch = 2 * 4 * 128 * 4 + 2 * 4 * 6 * 2 * 4 + 4 * 6 + 21 * 4
+    assert m["argument"] == b["parameters"] + batch
+    assert plan["shapes"]["infogain"]["packed_len"] == 384
+    # 4 rows x a 384 x 384 mask alone is 0.6 MB: the packed pass is this tiny run's largest program
+    assert plan["largest_transient"] == "infogain" and "rl.score_rows" in plan["knob"]
+    grpo = plan_memory(load_config(None, TINY), programs=None, compile=False)
+    assert "infogain" not in grpo["shapes"]
+
+
+def test_infogain_packed_length_bound_holds_and_is_nearly_reached():
+    """`infogain_shapes`' worst packed length (2 L + T x P) against `packed_length` of real layouts:
+    random batches never exceed it, and one of back-to-back actions with empty feedback nearly reaches it."""
+    import numpy as np
+
+    from jaxagent.train.batch import Row, build_batch, packed_length
+    from jaxagent.train.synthetic import synthetic_batch
+
+    L, T, P = 128, 6, 5
+    for seed in range(40):
+        b = synthetic_batch(np.random.default_rng(seed), batch=6, length=L, turns=T, vocab=64,
+                            action_len=(1, 40), feedback_len=(0, 20), template_len=(0, 3))
+        for mode, bound in (("replace", 2 * L + T * P), ("overwrite", 2 * L)):
+            assert packed_length(b, P, mode, multiple=1) <= bound
+    a = 20  # 6 actions of 20 tokens, each followed by a 1-token feedback: each turn's suffix is P + the next action
+    row = Row(tokens=list(range(1, T * (a + 1) + 1)), actions=[(t * (a + 1), t * (a + 1) + a) for t in range(T)],
+              feedback=[(t * (a + 1) + a, (t + 1) * (a + 1)) for t in range(T)], segments=[], reward=0.0, group=0)
+    hb = build_batch([row], length=L, turns=T)
+    got = packed_length(hb, P, "replace", multiple=1)
+    assert got == T * (a + 1) + (T - 1) * (P + a) == 251  # the bound is 2 x 128 + 6 x 5 = 286
+
+
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])

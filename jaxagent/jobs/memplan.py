@@ -12,10 +12,14 @@ argument, output, alias and temp bytes, per device of the partitioned program):
   a ``rollout.capacity``-token chunk: the worst call) and `_decode` (``rollout.decode_steps`` steps
   of every slot over the whole window);
 - ``scorer``: teacher-forced scoring without gradient (`sequence_scores`, ``rl.score_rows`` rows at
-  a time) at ``rl.minibatch_size`` rows x capacity: what the reference log-probs and, with
-  ``infopo`` in ``rl.credit``, the info-gain scorer run. **An approximation** of InfoPO's
-  info-gain program (`jaxagent.train.infogain.compute_infogain` packs counterfactual rows of the
-  same length; its memory is that of a forward of the same rows), not that program itself.
+  a time) at ``rl.minibatch_size`` rows x capacity: what the reference log-probs run;
+- ``infogain`` (a credit term of ``rl.credit`` needs ``r_info``, e.g. ``infopo``): InfoPO's
+  info-gain program itself, the jitted call `jaxagent.train.infogain.compute_infogain` makes
+  (``infopo.mode``: the shared-prefix pass, or the vmapped one), at the iteration's episodes x
+  capacity x ``rollout.max_turns`` and, for the shared-prefix pass, the worst packed length
+  (`jaxagent.jobs.plan_programs.infogain_shapes`: 2 x capacity + turns x placeholder tokens).
+  ``infopo.prior=marginal`` scores the enumerated replies with the scorer's program (planned as
+  ``scorer``); ``infopo.mode=naive`` is planned as ``vmapped`` (the same histories, a call each).
 
 Besides the compiled programs, the terms are also computed analytically (per device, from the
 parameter shapes and their shardings): parameters, optimizer state (AdamW: two fp32 moments of each
@@ -42,16 +46,27 @@ Caveats, printed with the plan:
 - Attention that cannot lower on a CPU (``cudnn``, ``splash``) is planned with ``blockwise``
   (the memory-efficient XLA implementation, closest in memory to a flash kernel), and the plan says so.
 - With fewer host devices than the mesh needs, nothing is compiled: the analytic terms alone.
+
+Host memory: XLA's analysis describes the device buffers, not what the process itself holds: the
+tokenizer and model config it reads, the traced programs, the compiler's heap (kept by the
+allocator after compiling) and the executables. The plan measures that as it goes (Linux): the
+growth of this process's RSS from the call to the end of the last compile, executables alive,
+``host_bytes`` (and each program's compile, ``host_compile_bytes``). On an accelerator that is
+host RAM; on a CPU backend it is the same memory as the buffers, so ``cpu_run_peak`` (peak +
+host_bytes) is what a CPU run reaches above a process that only imported JAX
+(`scripts/bench_plan.py` checks both figures against a run). It is measured, not predicted, and in
+the planning process: one that read or compiled before reuses freed heap, so plan in a fresh one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import time
 from typing import Any
 
-from jaxagent.jobs.plan_programs import compile_program, match_shardings
+from jaxagent.jobs.plan_programs import compile_program, infogain_shapes, match_shardings
 
 #: Named device kinds and their memory (bytes, nominal GB as 1e9: conservative against GiB).
 DEVICE_KINDS: dict[str, int] = {"A800/H100 80GB": 80 * 10**9, "H200 141GB": 141 * 10**9, "TPU v4 32GB": 32 * 10**9,
@@ -93,6 +108,15 @@ def kv_cache_bytes(qcfg, rows: int, capacity: int) -> int:
             * np.dtype(qcfg.dtype.compute).itemsize)
 
 
+def _rss() -> int | None:
+    """This process's resident set now (bytes; Linux ``/proc/self/status``), None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def _memory(compiled) -> dict[str, int]:
     m = compiled.memory_analysis()
     out = {k: int(getattr(m, f"{k}_size_in_bytes", 0) or 0)
@@ -104,7 +128,7 @@ def _memory(compiled) -> dict[str, int]:
 def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: tuple[str, ...] | None = None,
                 ) -> dict[str, Any]:
     """The memory plan of ``cfg`` (a `RunConfig`): see the module docstring. ``compile=False``:
-    the analytic terms only. ``programs``: a subset of ("update", "prefill", "decode", "scorer")."""
+    the analytic terms only. ``programs``: a subset of ("update", "prefill", "decode", "scorer", "infogain")."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import AbstractMesh, NamedSharding
@@ -115,6 +139,7 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
     from jaxagent.models.sharding import MESH_AXES
 
     notes: list[str] = []
+    rss_entry, executables = _rss(), []
     qcfg, shapes_from = planning_model_config(cfg)
     qcfg = dataclasses.replace(qcfg, remat=cfg.model.remat, attn_impl=cfg.model.attn_impl)  # a preset's are its own
     attn = qcfg.attn_impl
@@ -207,18 +232,29 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
 
     # ---- the compiled programs
     compiled: dict[str, Any] = {}
-    want = programs or (("update", "prefill", "decode", "scorer") if uses_engine and trains else
-                        ("update",) if trains else ("prefill", "decode"))
+    from jaxagent.credit.registry import CREDIT_TERMS, parse_credit
+
+    info = cfg.job in ("rl", "sft+rl") and cfg.infopo.prior == "placeholder" and any(
+        "r_info" in CREDIT_TERMS[n].needs for n in parse_credit(cfg.rl.credit, key="rl.credit"))
+    if info and cfg.infopo.mode == "naive":
+        notes.append("infopo.mode='naive' scores each counterfactual history in its own call: planned as 'vmapped' "
+                     "(all of them in one call, an upper bound)")
+    want = programs or (("update", "prefill", "decode", "scorer") + (("infogain",) if info else ())
+                        if uses_engine and trains else ("update",) if trains else ("prefill", "decode"))
     if can_compile:
         p_abs = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, p_shard)
         for name in want:
-            t0 = time.perf_counter()
+            t0, rss0 = time.perf_counter(), _rss()
             try:
                 c = compile_program(name, cfg, qcfg, rules, p_abs, rows=rows, L=L, park=park, micro=micro, trained=trained)
             except Exception as e:  # noqa: BLE001 (a program that does not lower here is reported, not fatal)
                 compiled[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 continue
-            compiled[name] = {**_memory(c), "compile_s": round(time.perf_counter() - t0, 1)}
+            executables.append(c)
+            gc.collect()
+            rss1 = _rss()
+            compiled[name] = {**_memory(c), "compile_s": round(time.perf_counter() - t0, 1),
+                              "host_compile_bytes": None if rss0 is None or rss1 is None else max(0, rss1 - rss0)}
         if "update" in compiled and "argument" in compiled["update"]:
             compiled["update"]["gradients_analytic"] = grads_b
 
@@ -247,22 +283,30 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
                                 "a capacity-long chunk, a shape the engine's warmup compiles)",
         "transient of decode": "rollout.slots (every running row's window is gathered per call), rollout.capacity",
         "transient of scorer": "rl.score_rows (rows scored at a time), rollout.capacity",
+        "transient of infogain": ("rl.score_rows (packed rows scored at a time: each holds a packed_len^2 attention "
+                                  "mask), rollout.capacity and rollout.max_turns (the packed length), "
+                                  "or infopo.placeholder_mode=overwrite (no placeholder tokens added per turn)"),
     })
     knob = knobs.get(dominant, "rl.microbatches, model.remat")
     verdicts = {}
     for kind, mem in DEVICE_KINDS.items():
         fits = peak * (1 + margin) <= mem
         verdicts[kind] = "fits" if fits else "does not fit"
+    rss_end = _rss()
+    host_bytes = None if not executables or rss_entry is None or rss_end is None else max(0, rss_end - rss_entry)
+    del executables
     return {"shapes_from": shapes_from, "mesh": dict(zip(MESH_AXES, shape)), "devices": wanted,
             "compiled_on": f"{len(cpus)} CPU device(s) of this host" if can_compile else None,
             "attn_impl_planned": qcfg.attn_impl, "notes": notes, "margin": margin,
             "per_device_bytes": {**terms, "gradients": grads_b if trains else 0},
             "programs": compiled, "resident": resident, "largest_transient": worst, "peak_per_device": peak,
             "dominant_term": dominant, "knob": knob, "terms_ranked": sorted(parts, key=parts.get, reverse=True),
-            "verdicts": verdicts,
+            "verdicts": verdicts, "host_bytes": host_bytes,
+            "cpu_run_peak": None if host_bytes is None else peak + host_bytes,
             "shapes": {"update_rows": rows, "update_length": L, "microbatches": micro, "capacity": r.capacity,
                        "slots": r.slots, "park_rows": park,
-                       "decode_steps": r.decode_steps}}
+                       "decode_steps": r.decode_steps,
+                       **({"infogain": infogain_shapes(cfg, r.capacity)} if info else {})}}
 
 
 def format_plan(plan: dict[str, Any]) -> str:
@@ -293,6 +337,12 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.append(f"  peak per device = resident + largest transient ({plan['largest_transient']}) = "
                  f"{_gb(plan['peak_per_device']):.3f} GB; with a {plan['margin']:.0%} margin "
                  f"{_gb(plan['peak_per_device'] * (1 + plan['margin'])):.3f} GB")
+    if plan.get("host_bytes") is not None:
+        lines.append(f"  host memory planning grew this process by (RSS: the tokenizer, the traced programs, the "
+                     f"compiler's heap, the executables; measured): {_gb(plan['host_bytes']):.3f} GB. On an "
+                     f"accelerator it is host RAM; on "
+                     f"a CPU backend it adds to the device figures: a CPU run peaks near "
+                     f"{_gb(plan['cpu_run_peak']):.3f} GB above a bare JAX process")
     lines.append(f"  dominant term: {plan['dominant_term']}; the knob that scales it: {plan['knob']}")
     lines.append(f"  terms, largest first: {', '.join(plan['terms_ranked'])}")
     lines.append("  device kind          memory    verdict")

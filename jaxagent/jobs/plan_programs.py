@@ -1,6 +1,7 @@
 """The programs `--plan` compiles (`jaxagent.jobs.memplan`): each jitted program a job runs, lowered
 with abstract shapes on the configured mesh: the update (RL's PPO loss, job=sft's SFT loss,
-job=dpo's pair loss), the teacher-forced scorer, and the engine's prefill and decode."""
+job=dpo's pair loss), the teacher-forced scorer, InfoPO's info-gain program, and the engine's
+prefill and decode."""
 
 from __future__ import annotations
 
@@ -23,8 +24,29 @@ def match_shardings(opt_abs, trained, t_shard):
     return out
 
 
+def infogain_shapes(cfg, L: int) -> dict[str, int]:
+    """The shapes InfoPO's info-gain program (`jaxagent.train.infogain.compute_infogain`) is planned
+    at: the iteration's episodes B = ``rl.group_size`` x ``rl.tasks_per_step`` at length ``L``, its
+    turns T = ``rollout.max_turns`` (the trainer pads the turns to it) and the shared-prefix pass's
+    packed length at its worst: each row's trajectory plus the counterfactual suffixes of all its
+    turns. Turn t's suffix is the replacement of o_t and the tokens from o_t's end through a_{t+1}'s;
+    those stretches of one row do not overlap, so together they hold at most L tokens, and
+
+        packed_len <= 2 L + T x P   (placeholder_mode="replace": P placeholder tokens per turn)
+        packed_len <= 2 L           ("overwrite": the placeholder takes o_t's own length)
+
+    rounded up to ``rl.length_multiple`` as the trainer rounds it. P is bounded by the placeholder's
+    UTF-8 bytes (a byte-level BPE token holds at least one byte; no tokenizer is loaded to plan)."""
+    B = cfg.rl.group_size * cfg.rl.tasks_per_step
+    T = cfg.rollout.max_turns
+    P = len(cfg.infopo.placeholder.encode("utf-8"))
+    need = 2 * L + (T * P if cfg.infopo.placeholder_mode == "replace" else 0)
+    m = cfg.rl.length_multiple
+    return {"rows": B, "length": L, "turns": T, "placeholder_tokens": P, "packed_len": -(-need // m) * m}
+
+
 def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trained):
-    """Program ``name`` (update, scorer, prefill, decode) of ``cfg``'s job lowered with abstract
+    """Program ``name`` (update, scorer, infogain, prefill, decode) of ``cfg``'s job lowered with abstract
     parameters ``p_abs`` on ``rules``' mesh and compiled (`jax.stages.Compiled`)."""
     import jax
     import jax.numpy as jnp
@@ -79,6 +101,23 @@ def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trai
         bs = batch_sharding(rules, shape=(rows, 1))
         fn = jax.jit(lambda p, t: sequence_scores(p, t, config=qcfg, row_chunk=cfg.rl.score_rows or None))
         return fn.lower(p_abs, sds((rows, L), jnp.int32, bs)).compile()
+    if name == "infogain":  # the trainer's call (`compute_infogain`): the batch committed to no mesh, so replicated
+        from jaxagent.credit.batch import CreditBatch
+        from jaxagent.credit.infogain import shared_prefix_jit, vmapped_jit
+
+        sh = infogain_shapes(cfg, L)
+        B, T = sh["rows"], sh["turns"]
+        i32, f32, b = jnp.int32, jnp.float32, jnp.bool_
+        batch = CreditBatch(
+            tokens_BL=sds((B, L), i32), pad_mask_BL=sds((B, L), i32), loss_mask_BL=sds((B, L), f32),
+            turn_idx_BL=sds((B, L), i32), action_span_BT2=sds((B, T, 2), i32), feedback_span_BT2=sds((B, T, 2), i32),
+            turn_valid_BT=sds((B, T), b), segment_idx_BL=sds((B, L), i32), segment_polarity_BQ=sds((B, T), f32),
+            segment_valid_BQ=sds((B, T), b), reward_B=sds((B,), f32), group_id_B=sds((B,), i32))
+        ph = sds((sh["placeholder_tokens"],), i32)
+        kw = {"config": qcfg, "placeholder_mode": cfg.infopo.placeholder_mode, "row_chunk": cfg.rl.score_rows or None}
+        if cfg.infopo.mode in ("vmapped", "naive"):  # naive: the same histories, one call each (memplan's note)
+            return vmapped_jit.lower(p_abs, batch, ph, **kw).compile()
+        return shared_prefix_jit.lower(p_abs, batch, ph, packed_len=sh["packed_len"], **kw).compile()
     from jaxagent.models.generate import KVCache
     from jaxagent.rollout import engine as eng
 
@@ -107,4 +146,4 @@ def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trai
     raise ValueError(f"unknown program {name!r}")
 
 
-__all__ = ["compile_program", "match_shardings"]
+__all__ = ["compile_program", "infogain_shapes", "match_shardings"]

@@ -247,10 +247,13 @@ def _check_inputs(tokens_BL, config: QwenConfig, positions_BL, segment_ids_BL, m
     if not jnp.issubdtype(tokens_BL.dtype, jnp.integer):
         raise ValueError(f"tokens: dtype {tokens_BL.dtype}, expected an integer dtype")
     B, L = tokens_BL.shape
-    if L > config.max_position_embeddings:
+    # Without positions a row's tokens sit at 0..L-1. With them (packed sequences: the shared-prefix
+    # info gain packs a trajectory and its counterfactual suffixes, whose positions restart inside
+    # it) the positions, not the length, are what the rotary embedding sees; they are data.
+    if positions_BL is None and L > config.max_position_embeddings:
         raise ValueError(
             f"tokens: length {L} exceeds the model's max_position_embeddings="
-            f"{config.max_position_embeddings}"
+            f"{config.max_position_embeddings} (pass positions_BL for a packed sequence whose positions stay below it)"
         )
     for name, arr, shape in (
         ("positions", positions_BL, (B, L)),
