@@ -9,6 +9,7 @@ tasks before and after, everything written to ``runs/quickstart/``.
     python -m jaxagent.launch --config configs/faca_telepathy.yaml steps=50
     python -m jaxagent.launch --config configs/infopo_7b.yaml --dry-run
     python -m jaxagent.launch --config configs/infopo_7b.yaml --plan       # will it fit? (docs/PODS.md)
+    python -m jaxagent.launch --config configs/infopo_7b.yaml --fit H100   # what makes it fit an 80 GB device
     python -m jaxagent.launch resume=true                       # continue runs/quickstart/
     python -m jaxagent.launch job=eval env=tau2_retail agent=oracle   # tau2 retail, the gold-action oracle
     python -m jaxagent.launch job=qd_eval qd.benchmark=musique qd.baseline=never_ask   # Q&D questioners
@@ -61,6 +62,10 @@ def build_parser(width: int | None = None) -> argparse.ArgumentParser:
     ap.add_argument("--plan", action="store_true",
                     help="--dry-run plus a memory plan: every jitted program of the job compiled with abstract shapes "
                          "on the configured mesh (fake CPU devices), per-device bytes, a verdict per device kind")
+    ap.add_argument("--fit", metavar="DEVICE",
+                    help="--plan plus the overrides that bring the job under DEVICE's memory per device (a device kind, "
+                         "e.g. H100, v5e, or a size, e.g. 24GB): the step that shrinks the largest term, planned "
+                         "again, until it fits (jaxagent.jobs.planfit)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=3e-7")
     return ap
 
@@ -80,6 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         raise SystemExit(f"argument {bad[0]!r}: expected key=value (see --help for the keys)")
     overrides = [expand_alias(o) for o in args.overrides]
+    if args.fit is not None:
+        from jaxagent.jobs.planfit import device_budget
+
+        try:
+            device_budget(args.fit)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        args.plan = True
     import os
 
     saved = os.environ.get("XLA_FLAGS")
@@ -90,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxagent.jobs.launcher import JobError, launch
 
     try:
-        out = launch(args.config, overrides, dry_run=args.dry_run, memory_plan=args.plan)
+        out = launch(args.config, overrides, dry_run=args.dry_run, memory_plan=args.plan, fit=args.fit)
     except JobError as e:
         raise SystemExit(f"{e.kind}: {e}") from None
     finally:  # the fake devices were for this process's backend only: not for subprocesses started later
@@ -102,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         from jaxagent.jobs.memplan import format_plan
 
         print(format_plan(out["memory"]), file=sys.stderr, flush=True)
+        if "fit" in out:
+            from jaxagent.jobs.planfit import format_fit
+
+            print(format_fit(out["fit"]), file=sys.stderr, flush=True)
     print(json.dumps(out, indent=2), flush=True)
     if not args.dry_run and out.get("run_dir"):  # last, below the summary: where everything is
         print(f"[launch] results in {out['run_dir']}/ (summary.json and the run's files)", file=sys.stderr)

@@ -62,9 +62,10 @@ def help_epilog(width: int) -> str:
 
 
 def launch(config_file: str | None, overrides: Sequence[str], *, dry_run: bool = False,
-           memory_plan: bool = False) -> dict[str, Any]:
+           memory_plan: bool = False, fit: str | None = None) -> dict[str, Any]:
     """Loads the config, checks what needs the files and devices, and runs the job (or plans it:
-    `plan`; ``memory_plan``: with the memory plan, a dry run); the summary (or the plan) comes back.
+    `plan`; ``memory_plan``: with the memory plan, a dry run; ``fit``: with the overrides that bring
+    it under that device's memory, `jaxagent.jobs.planfit`); the summary (or the plan) comes back.
     Raises `JobError`."""
     dry_run = dry_run or memory_plan
     from jaxagent.models.hf import CheckpointError
@@ -89,7 +90,7 @@ def launch(config_file: str | None, overrides: Sequence[str], *, dry_run: bool =
 
         check_wandb(cfg)  # log.wandb=true without the package: refused here (a dry run too), before any build
         if dry_run:
-            return plan(cfg, paths, memory=memory_plan)
+            return plan(cfg, paths, memory=memory_plan or fit is not None, fit=fit)
         from jaxagent.models.sharding import initialize_distributed
 
         initialize_distributed(cfg.mesh)  # multi-host runs (docs/PODS.md): before any other JAX call
@@ -135,7 +136,7 @@ def fake_host_devices(config_file: str | None, overrides: list[str]) -> None:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}").strip()
 
 
-def plan(cfg: RunConfig, paths: dict[str, Any] | None = None, *, memory: bool = False) -> dict:
+def plan(cfg: RunConfig, paths: dict[str, Any] | None = None, *, memory: bool = False, fit: str | None = None) -> dict:
     """Config valid, mesh shape, parameter count and per-device parameter bytes, through
     `jax.eval_shape`; works for meshes larger than this machine (an abstract mesh). ``paths`` (from
     `resolve_paths`) adds how each of ``model.path``, ``tokenizer`` ... resolves (``"paths"``: local,
@@ -143,7 +144,8 @@ def plan(cfg: RunConfig, paths: dict[str, Any] | None = None, *, memory: bool = 
     and ``shapes_from`` says so. ``verdict`` (first) is ``"valid"``, or ``"valid, with caveats: ..."``
     naming shapes planned from a preset and paths a run must download or will refuse; the config
     itself is valid either way (``"config": "valid"``, exit 0). ``memory`` (``--plan``): adds the
-    memory plan, `jaxagent.jobs.memplan.plan_memory` (``"memory"``)."""
+    memory plan, `jaxagent.jobs.memplan.plan_memory` (``"memory"``); ``fit`` (``--fit DEVICE``): then
+    the overrides that bring it under that device (`jaxagent.jobs.planfit.fit_plan`, ``"fit"``)."""
     import dataclasses
 
     import jax
@@ -193,6 +195,15 @@ def plan(cfg: RunConfig, paths: dict[str, Any] | None = None, *, memory: bool = 
         from jaxagent.jobs.memplan import plan_memory
 
         lora["memory"] = plan_memory(cfg)
+        if fit is not None:
+            from jaxagent.jobs.planfit import device_budget, fit_plan
+
+            try:
+                name, budget = device_budget(fit)
+            except ValueError as e:
+                raise configlib.ConfigError(str(e)) from None
+            found = fit_plan(cfg, budget, name=name, first=lora["memory"])
+            lora["fit"] = {k: v for k, v in found.items() if k != "plan"}
     return {"verdict": verdict, "config": "valid", "job": cfg.job, "name": cfg.name, "mesh": dict(zip(MESH_AXES, shape)),
             "devices_needed": math.prod(shape), "devices_here": here, "abstract_mesh": wanted > here,
             "parameters": count, "parameters_millions": round(count / 1e6, 2),

@@ -126,9 +126,11 @@ def _memory(compiled) -> dict[str, int]:
 
 
 def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: tuple[str, ...] | None = None,
-                ) -> dict[str, Any]:
+                reuse: dict[str, dict] | None = None) -> dict[str, Any]:
     """The memory plan of ``cfg`` (a `RunConfig`): see the module docstring. ``compile=False``:
-    the analytic terms only. ``programs``: a subset of ("update", "prefill", "decode", "scorer", "infogain")."""
+    the analytic terms only. ``programs``: a subset of ("update", "prefill", "decode", "scorer", "infogain").
+    ``reuse``: programs' entries of an earlier plan whose shapes this config does not change (not
+    compiled again; `jaxagent.jobs.planfit`); the host memory is then not measured (None)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import AbstractMesh, NamedSharding
@@ -244,6 +246,9 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
     if can_compile:
         p_abs = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, p_shard)
         for name in want:
+            if name in (reuse or {}):
+                compiled[name] = reuse[name]
+                continue
             t0, rss0 = time.perf_counter(), _rss()
             try:
                 c = compile_program(name, cfg, qcfg, rules, p_abs, rows=rows, L=L, park=park, micro=micro, trained=trained)
@@ -293,7 +298,7 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
         fits = peak * (1 + margin) <= mem
         verdicts[kind] = "fits" if fits else "does not fit"
     rss_end = _rss()
-    host_bytes = None if not executables or rss_entry is None or rss_end is None else max(0, rss_end - rss_entry)
+    host_bytes = None if not executables or rss_entry is None or rss_end is None or reuse else max(0, rss_end - rss_entry)
     del executables
     return {"shapes_from": shapes_from, "mesh": dict(zip(MESH_AXES, shape)), "devices": wanted,
             "compiled_on": f"{len(cpus)} CPU device(s) of this host" if can_compile else None,
