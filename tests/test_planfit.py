@@ -83,6 +83,9 @@ def test_fit_that_cannot_says_which_term_blocks_it():
     assert {"rl.microbatches=4", "model.remat=full", "rollout.park_rows=0", "rollout.slots=1"} <= set(took)
     assert fit["blocked_by"] == "transient of update" and "mesh.fsdp" in fit["what_would"]
     assert "does not fit" in format_fit(fit) and "transient of update" in format_fit(fit)
+    short = fit_plan(cfg, budget, first=first, programs=("update",), max_steps=1, log=lambda s: None)
+    assert not short["fits"] and len(short["steps"]) == 1 and short["blocked_by"] is None
+    assert "the steps ran out" in format_fit(short)
 
 
 def test_launch_fit_prints_the_search_and_refuses_a_bad_device(capsys):

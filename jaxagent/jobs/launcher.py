@@ -203,7 +203,7 @@ def plan(cfg: RunConfig, paths: dict[str, Any] | None = None, *, memory: bool = 
             except ValueError as e:
                 raise configlib.ConfigError(str(e)) from None
             found = fit_plan(cfg, budget, name=name, first=lora["memory"])
-            lora["fit"] = {k: v for k, v in found.items() if k != "plan"}
+            lora["fit"] = {k: v for k, v in found.items() if k != "plan"}  # the last plan: too long for the summary
     return {"verdict": verdict, "config": "valid", "job": cfg.job, "name": cfg.name, "mesh": dict(zip(MESH_AXES, shape)),
             "devices_needed": math.prod(shape), "devices_here": here, "abstract_mesh": wanted > here,
             "parameters": count, "parameters_millions": round(count / 1e6, 2),

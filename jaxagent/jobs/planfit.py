@@ -95,10 +95,11 @@ def fit_plan(cfg, budget: int, *, name: str | None = None, margin: float = MARGI
              max_steps: int = 16, programs: tuple[str, ...] | None = None,
              log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Steps ``cfg`` (a `RunConfig`) under ``budget`` bytes per device (module docstring).
-    ``first``: ``cfg``'s plan when already made; ``programs``: as `plan_memory`'s. Returns ``fits`` (bool), ``overrides`` (the
-    ``key=value`` list, in the order applied), ``peak_with_margin`` (bytes), ``steps`` (each: the
-    override, the term it shrank and its size, the peak with the margin after it) and, when it does
-    not fit, ``blocked_by`` (the largest term no step can shrink) with what would."""
+    ``first``: ``cfg``'s plan when already made; ``programs``: as `plan_memory`'s. Returns ``fits``
+    (bool), ``overrides`` (the ``key=value`` list, in the order applied), ``peak_with_margin``
+    (bytes), ``steps`` (each: the override, the term it shrank and its size, the peak with the
+    margin after it), ``plan`` (the last plan) and, when it does not fit, ``blocked_by`` (the
+    largest term no step can shrink, None after ``max_steps``) with ``what_would``."""
     from jaxagent import configlib
     from jaxagent.jobs.config import RunConfig
 
@@ -135,8 +136,8 @@ def fit_plan(cfg, budget: int, *, name: str | None = None, margin: float = MARGI
         if step is None:
             blocked = max(sizes, key=sizes.get)
             say(f"[plan] fit {label}: no step left; the largest term is {blocked} ({sizes[blocked] / GB:.3g} GB)")
-            return {"device": label, "budget": budget, "fits": False, "overrides": list(_as_list(applied)),
-                    "peak_with_margin": peak(plan), "steps": steps, "blocked_by": blocked,
+            return {"device": label, "budget": budget, "fits": False, "overrides": _as_list(applied),
+                    "peak_with_margin": peak(plan), "steps": steps, "plan": plan, "blocked_by": blocked,
                     "what_would": "mesh.fsdp (more devices) or model.lora.rank" if blocked in (
                         "parameters", "optimizer_state") else f"{plan['knob']}; or mesh.fsdp (more devices)"}
         key, value = step["override"].split("=", 1)
@@ -151,8 +152,11 @@ def fit_plan(cfg, budget: int, *, name: str | None = None, margin: float = MARGI
     fits = peak(plan) <= budget
     say(f"[plan] fit {label}: {'fits' if fits else 'does not fit'} at {peak(plan) / GB:.3g} GB with the margin"
         + (f" with {' '.join(_as_list(applied))}" if applied else " as written"))
-    return {"device": label, "budget": budget, "fits": fits, "overrides": list(_as_list(applied)),
-            "peak_with_margin": peak(plan), "steps": steps, "plan": plan}
+    out = {"device": label, "budget": budget, "fits": fits, "overrides": _as_list(applied),
+           "peak_with_margin": peak(plan), "steps": steps, "plan": plan}
+    if not fits:  # max_steps taken
+        out.update(blocked_by=None, what_would=f"more than {max_steps} steps: plan again from these overrides")
+    return out
 
 
 def _as_list(applied: dict[str, Any]) -> list[str]:
@@ -169,8 +173,10 @@ def format_fit(fit: dict[str, Any]) -> str:
         lines.append(f"  fits at {fit['peak_with_margin'] / GB:.3g} GB with: "
                      + (" ".join(fit["overrides"]) or "the config as written"))
     else:
-        lines.append(f"  does not fit ({fit['peak_with_margin'] / GB:.3g} GB after the steps above): the largest term, "
-                     f"{fit['blocked_by']}, has no step left; {fit['what_would']}")
+        why = (f"the largest term, {fit['blocked_by']}, has no step left" if fit["blocked_by"] else
+               "the steps ran out")
+        lines.append(f"  does not fit ({fit['peak_with_margin'] / GB:.3g} GB after the steps above): {why}; "
+                     f"{fit['what_would']}")
     return "\n".join(lines)
 
 
