@@ -342,3 +342,53 @@ def test_set_params_tags_versions_and_publish_without_requests_applies_at_once()
     assert engine.version == 9 and engine.params is PARAMS
     res = asyncio.run(engine.generate("a", [1, 2], sp, jax.random.key(0)))
     assert res.version == 9 and res.tokens == _reference_with(PARAMS, [1, 2], sp)
+
+
+def _on_mesh(fsdp: int):
+    """PARAMS laid out as a run lays them out on a mesh of ``fsdp`` of the simulated devices."""
+    from jaxagent.models import LogicalRules, MeshConfig, make_mesh
+    from jaxagent.models.qwen import param_logical_axes
+
+    rules = LogicalRules(make_mesh(MeshConfig(fsdp=fsdp), jax.devices()[:fsdp]))
+    shard = jax.tree.map(lambda ax, x: rules.sharding(ax, x.shape), param_logical_axes(CFG), PARAMS,
+                         is_leaf=lambda x: isinstance(x, tuple))
+    return jax.device_put(PARAMS, shard)
+
+
+def test_caches_split_over_kv_heads_generate_what_the_replicated_caches_do():
+    """rollout.cache_sharding=heads: on 2 devices each holds 1 of the tiny model's 2 KV heads of every
+    lane and parked row, and sessions (more than lanes: parked, restored, prefix reused) get the
+    tokens the replicated caches give."""
+    params = _on_mesh(2)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+    sp = SamplingParams(temperature=0.0, max_new_tokens=6)
+
+    async def play(how):
+        engine = GenerationEngine(params, CFG, slots=2, capacity=48, park_rows=2, decode_steps=4, cache_sharding=how)
+        first = await asyncio.gather(*(engine.generate(f"s{i}", p, sp, jax.random.key(i)) for i, p in enumerate(prompts)))
+        again = await asyncio.gather(*(engine.generate(f"s{i}", p + r.tokens + [20 + i], sp, jax.random.key(i))
+                                       for i, (p, r) in enumerate(zip(prompts, first))))
+        return engine, first + again
+
+    heads, got = asyncio.run(play("heads"))
+    _, want = asyncio.run(play("replicated"))
+    for g, w in zip(got, want):
+        assert g.tokens == w.tokens and g.prefill_tokens == w.prefill_tokens
+        np.testing.assert_allclose(g.logp_policy, w.logp_policy, atol=1e-5)
+    assert heads.stats["restored"] > 0  # parked rows came back through the split park cache
+    L, S, C, K, H = heads.cache.k.shape
+    for cache in (heads.cache, heads.park):
+        for arr in (cache.k, cache.v):
+            assert {s.data.shape for s in arr.addressable_shards} == {(L, arr.shape[1], C, K // 2, H)}
+    assert heads.cache.k.sharding.spec[3] in ("fsdp", ("fsdp",))  # the split survives the calls (donated, aliased)
+
+
+def test_caches_split_over_heads_need_a_device_count_that_divides_them():
+    from jaxagent.rollout.engine import engine_cache_sharding
+
+    assert engine_cache_sharding(PARAMS, CFG, "heads") is None  # one device: nothing to split
+    assert engine_cache_sharding(_on_mesh(2), CFG, "replicated") is None
+    with pytest.raises(ValueError, match=r"cache_sharding='heads': the model's 2 KV heads do not split over the 4 dev"):
+        engine_cache_sharding(_on_mesh(4), CFG, "heads")
+    with pytest.raises(ValueError, match=r"rollout.cache_sharding='rows': expected one of 'replicated', 'heads'"):
+        engine_cache_sharding(PARAMS, CFG, "rows")

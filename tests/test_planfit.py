@@ -42,11 +42,20 @@ def test_next_steps_by_hand():
     assert next_steps("transient of update", cfg) == [("rl.microbatches", 4), ("model.remat", "full")]
     assert next_steps("transient of update", load_config(None, TINY + ["rl.microbatches=4"])) == [("model.remat", "full")]
     assert next_steps("transient of update", load_config(None, TINY + ["rl.microbatches=4", "model.remat=full"])) == []
-    assert next_steps("transient of infogain", cfg) == [("rl.score_rows", 4)]  # 8 by default
-    assert next_steps("transient of scorer", load_config(None, TINY + ["rl.score_rows=0"])) == [("rl.score_rows", 8)]
+    # 8 rows at a time by default, of 2 x 2 episodes: all 4 at once, halved
+    assert next_steps("transient of infogain", cfg) == [("rl.score_rows", 2)]
+    assert next_steps("transient of scorer", load_config(None, TINY + ["rl.score_rows=0"])) == [("rl.score_rows", 2)]
+    assert next_steps("transient of scorer", load_config(None, TINY + ["rl.score_rows=3"])) == [("rl.score_rows", 1)]
     assert next_steps("transient of infogain", load_config(None, TINY + ["rl.score_rows=1"])) == []
     assert next_steps("engine_params", load_config(None, TINY + ["rl.max_staleness=1"])) == [("rl.max_staleness", 0)]
     assert next_steps("parameters", cfg) == next_steps("optimizer_state", cfg) == []
+    # on several devices the engine's caches can be split over the KV heads first
+    two = load_config(None, TINY + ["mesh.fsdp=2"])
+    assert next_steps("kv_cache", two) == [("rollout.cache_sharding", "heads"), ("rollout.slots", 2)]
+    assert next_steps("park_cache", two) == [("rollout.cache_sharding", "heads"), ("rollout.park_rows", 0)]
+    assert next_steps("engine_logits", two) == [("rollout.slots", 2)]  # the logits are not split
+    split = load_config(None, TINY + ["mesh.fsdp=2", "rollout.cache_sharding=heads"])
+    assert next_steps("transient of prefill", split) == [("rollout.slots", 2)]
 
 
 def test_fit_steps_the_tiny_infopo_run_under_a_budget_and_the_overrides_replan_the_same():
@@ -57,8 +66,8 @@ def test_fit_steps_the_tiny_infopo_run_under_a_budget_and_the_overrides_replan_t
     said: list[str] = []
     fit = fit_plan(cfg, budget, first=first, log=said.append)
     assert fit["fits"] and fit["peak_with_margin"] <= budget
-    # the largest term first: the info-gain pass's rows, halved from 8
-    assert fit["steps"][0]["override"] == "rl.score_rows=4" and fit["steps"][0]["term"] == "transient of infogain"
+    # the largest term first: the info-gain pass's rows, halved from all 4 at once
+    assert fit["steps"][0]["override"] == "rl.score_rows=2" and fit["steps"][0]["term"] == "transient of infogain"
     peaks = [first["peak_per_device"] * (1 + MARGIN)] + [s["peak_with_margin"] for s in fit["steps"]]
     assert all(b <= a for a, b in zip(peaks, peaks[1:]))  # no step made it worse
     assert len(said) == 2 * len(fit["steps"]) + 1 and "fits" in said[-1]  # progress: each step, then the verdict
@@ -109,4 +118,27 @@ def test_every_step_names_the_programs_it_reshapes():
              "transient of update", "transient of scorer", "transient of infogain", "engine_params")
     keys = {k for t in terms for k, _ in next_steps(t, cfg)}
     keys |= {k for k, _ in next_steps("transient of update", load_config(None, TINY + ["job=sft", "sft.microbatches=1"]))}
-    assert keys <= set(RECOMPILES) and len(keys) == 7
+    keys |= {k for k, _ in next_steps("kv_cache", load_config(None, TINY + ["mesh.fsdp=2"]))}
+    assert keys <= set(RECOMPILES) and len(keys) == 8
+
+
+def test_a_step_that_does_not_lower_the_peak_is_not_kept():
+    """On 4 devices the tiny model's 2 KV heads cannot be split 4 ways: the plan notes it and plans
+    the caches replicated, so the split does not lower the peak and the search leaves it out."""
+    cfg = load_config(None, TINY + ["mesh.fsdp=4", "rl.credit=grpo"])
+    first = plan_memory(cfg, programs=("prefill",))
+    b = first["per_device_bytes"]
+    budget = int((first["peak_per_device"] - b["park_cache"] // 2) * (1 + MARGIN))
+    said: list[str] = []
+    fit = fit_plan(cfg, budget, first=first, programs=("prefill",), log=said.append)
+    assert any("rollout.cache_sharding=heads does not lower the peak" in line for line in said)
+    assert "rollout.cache_sharding=heads" not in fit["overrides"]
+    assert fit["fits"] and fit["overrides"][0] in ("rollout.park_rows=0", "rollout.slots=2")
+
+
+def test_split_caches_are_planned_split():
+    whole = plan_memory(load_config(None, TINY + ["mesh.fsdp=2"]), compile=False)["per_device_bytes"]
+    split = plan_memory(load_config(None, TINY + ["mesh.fsdp=2", "rollout.cache_sharding=heads"]),
+                        compile=False)["per_device_bytes"]
+    assert split["kv_cache"] * 2 == whole["kv_cache"] and split["park_cache"] * 2 == whole["park_cache"]
+    assert split["engine_logits"] == whole["engine_logits"] and split["parameters"] == whole["parameters"]

@@ -153,6 +153,19 @@ class Run:
     processes: ProcessGroup = dataclasses.field(default_factory=ProcessGroup)  # several: who plays, who writes
 
 
+def build_engine(cfg: RunConfig, params, qcfg: QwenConfig, *, park_rows: int, vocab_limit: int,
+                 place=None) -> GenerationEngine:
+    """The job's generation engine from ``rollout`` (slots, capacity, decode steps, where its caches
+    live); a cache sharding the mesh cannot take is a config error naming ``rollout.cache_sharding``."""
+    r = cfg.rollout
+    try:
+        return GenerationEngine(params, qcfg, slots=r.slots, capacity=r.capacity, park_rows=park_rows,
+                                decode_steps=r.decode_steps, vocab_limit=vocab_limit, place=place,
+                                cache_sharding=r.cache_sharding)
+    except ValueError as e:
+        raise configlib.ConfigError(str(e)) from None
+
+
 def prepare(cfg: RunConfig) -> Run:
     """Builds the run. In a multi-process run (docs/PODS.md) every process checks the run directory
     (one path all of them see) before process 0 alone writes into it, and each process's engine
@@ -169,9 +182,8 @@ def prepare(cfg: RunConfig) -> Run:
     make_env, train_tasks, test_tasks = build_env(cfg)
     r = cfg.rollout
     park = r.park_rows if r.park_rows >= 0 else cfg.rl.group_size * cfg.rl.tasks_per_step
-    engine = GenerationEngine(params, qcfg, slots=r.slots, capacity=r.capacity, park_rows=park,
-                              decode_steps=r.decode_steps, vocab_limit=tok.vocab_size,
-                              place=processes.local_params(qcfg))
+    engine = build_engine(cfg, params, qcfg, park_rows=park, vocab_limit=tok.vocab_size,
+                          place=processes.local_params(qcfg))
     if processes.is_main:  # config.yaml (overwrite=true: into an emptied directory), or config.resume-<n>.yaml
         record_config(cfg, run_dir)
     from jaxagent.jobs.wandb_log import open_wandb

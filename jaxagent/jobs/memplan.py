@@ -27,8 +27,10 @@ trained parameter, the LoRA adapter alone with ``model.lora``), gradients (fp32 
 more with ``rl.microbatches >= 2`` for the halves' cosine), and the engine's resident buffers: its
 KV cache (layers x 2 x slots x capacity x kv_heads x head_dim x dtype bytes), its park cache
 (``rollout.park_rows`` (+1) rows of the same capacity, default group_size x tasks_per_step) and its
-pending logits (slots x vocab x 4). The engine allocates its caches with `init_cache` and no
-sharding: each device that holds them holds all of them (planned as replicated).
+pending logits (slots x vocab x 4). With ``rollout.cache_sharding=replicated`` (the default) each
+device holds all of the caches; with ``heads`` each holds kv_heads / devices of every row
+(`jaxagent.rollout.engine.engine_cache_sharding`; planned so when the device count divides the KV
+heads, else replicated with a note, as the run would refuse it).
 
 The job's peak per device is the resident set (parameters + optimizer state + engine caches, alive
 all run long) plus the largest transient of one program (XLA's temp bytes + outputs not aliased to
@@ -220,8 +222,15 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
         park = r.park_rows if r.park_rows >= 0 else r.slots
     else:
         park = r.park_rows if r.park_rows >= 0 else cfg.rl.group_size * cfg.rl.tasks_per_step
-    kv_b = kv_cache_bytes(qcfg, r.slots, r.capacity)
-    park_b = kv_cache_bytes(qcfg, park + 1, r.capacity) if park else 0
+    split = 1  # devices the caches are split over (rollout.cache_sharding=heads)
+    if r.cache_sharding == "heads" and math.prod(shape) > 1:
+        if qcfg.num_key_value_heads % math.prod(shape):
+            notes.append(f"rollout.cache_sharding='heads': the model's {qcfg.num_key_value_heads} KV heads do not "
+                         f"split over {math.prod(shape)} devices (the run refuses it): planned replicated")
+        else:
+            split = math.prod(shape)
+    kv_b = kv_cache_bytes(qcfg, r.slots, r.capacity) // split
+    park_b = kv_cache_bytes(qcfg, park + 1, r.capacity) // split if park else 0
     logits_b = r.slots * qcfg.vocab_size * 4
     uses_engine = cfg.job in ("rl", "sft+rl", "eval", "serve", "qd_eval", "qd_label", "qd_tau2")
     trains = cfg.job in ("rl", "sft+rl", "sft", "dpo", "offline")
@@ -276,8 +285,10 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
     knobs = {
         "parameters": "mesh.fsdp (shard the weights over more devices) or mesh.tensor",
         "optimizer_state": "mesh.fsdp (shard the moments), or model.lora.rank (train an adapter: no full-model moments)",
-        "kv_cache": "rollout.slots (linear) or rollout.capacity (linear)",
-        "park_cache": "rollout.park_rows (linear; default group_size x tasks_per_step rows of rollout.capacity)",
+        "kv_cache": "rollout.cache_sharding=heads (split over the devices), rollout.slots (linear) or "
+                    "rollout.capacity (linear)",
+        "park_cache": "rollout.cache_sharding=heads, or rollout.park_rows (linear; default group_size x "
+                      "tasks_per_step rows of rollout.capacity)",
         "engine_logits": "rollout.slots",
         "engine_params": "rl.max_staleness=0 (the synchronous loop decodes with the trained weights themselves)",
     }

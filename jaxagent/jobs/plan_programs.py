@@ -123,7 +123,11 @@ def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trai
 
     S, C, V = cfg.rollout.slots, cfg.rollout.capacity, qcfg.vocab_size
     shape = (qcfg.num_hidden_layers, S, C, qcfg.num_key_value_heads, qcfg.head_dim)
-    cache = KVCache(sds(shape, qcfg.dtype.compute), sds(shape, qcfg.dtype.compute), sds((S,), jnp.int32))
+    try:  # where the engine puts them (heads the devices do not divide: the plan notes it, planned replicated)
+        kv = eng.engine_cache_sharding(p_abs, qcfg, cfg.rollout.cache_sharding) or rep
+    except ValueError:
+        kv = rep
+    cache = KVCache(sds(shape, qcfg.dtype.compute, kv), sds(shape, qcfg.dtype.compute, kv), sds((S,), jnp.int32))
     logits = sds((S, V), jnp.float32)
     if name == "prefill":
         A, T = S, C

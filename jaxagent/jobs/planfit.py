@@ -1,20 +1,27 @@
 """``--plan --fit KIND``: the overrides that bring a config under a device's memory.
 
 `plan_memory` names the dominant term and the knob that scales it; `fit_plan` turns that into
-settings. From the config's own plan it applies, one at a time, the step that shrinks the largest
-term a step can shrink, re-plans (the programs whose shapes the step changes compiled again), and stops when the peak with the
-margin fits the budget, or when no step is left:
+settings. From the config's own plan it applies, one at a time, a step that shrinks a term of the
+peak (the resident terms and the largest transient): the cheapest kind of step first (`COST`: a
+cache split, then the credit's and the update's rows at a time, then prefix reuse and
+recomputation, last the rollout lanes), on the largest term among those; it re-plans (the programs
+whose shapes the step changes compiled again) and stops when the peak with the margin fits the
+budget, or when no step is left:
 
 ==========================================  ======================================================
-term                                        step (tried in this order; the next when one is spent)
+term                                        its steps
 ==========================================  ======================================================
-park_cache                                  ``rollout.park_rows=0`` (a returning session is then
-                                            prefilled again: no model change)
-kv_cache, engine_logits, transient of       ``rollout.slots`` halved (fewer lanes decode at once)
-prefill, transient of decode
+park_cache                                  ``rollout.cache_sharding=heads`` on several devices,
+                                            then ``rollout.park_rows=0`` (a returning session is
+                                            then prefilled again)
+kv_cache, transient of prefill, transient   ``rollout.cache_sharding=heads`` on several devices
+of decode                                   (each holds kv_heads / devices), then ``rollout.slots``
+                                            halved (fewer lanes decode at once)
+engine_logits                               ``rollout.slots`` halved
 transient of update                         the job's ``microbatches`` doubled while it divides
                                             the update's rows, then ``model.remat=full``
-transient of scorer, transient of infogain  ``rl.score_rows`` halved (0, all rows at once: 8)
+transient of scorer, transient of infogain  ``rl.score_rows`` halved (from the iteration's
+                                            episodes when it is 0 or more)
 engine_params                               ``rl.max_staleness=0``
 parameters, optimizer_state                 none that keeps the model, the optimizer and the
                                             hardware: the result says so (``mesh.fsdp`` over more
@@ -22,8 +29,9 @@ parameters, optimizer_state                 none that keeps the model, the optim
 ==========================================  ======================================================
 
 Each step keeps the model, the data, the algorithm and the mesh: what it gives up is speed (lanes,
-prefix reuse, larger microbatches) or, for ``rl.max_staleness=0``, asynchrony. A step the config
-refuses (its validation) counts as spent.
+prefix reuse, larger microbatches, a cache split that adds collectives) or, for
+``rl.max_staleness=0``, asynchrony. A step the config refuses (its validation), or that does not
+lower the peak (e.g. KV heads the devices do not divide), is not kept.
 """
 
 from __future__ import annotations
@@ -34,11 +42,18 @@ from typing import Any
 
 from jaxagent.jobs.memplan import DEVICE_KINDS, GB, MARGIN, plan_memory
 
+#: What a step gives up, cheapest first: nothing but collectives (0); speed of the credit or the
+#: update (1); prefix reuse, recomputation, asynchrony (2); rollout lanes (3).
+COST: dict[str, int] = {"rollout.cache_sharding": 0, "rl.score_rows": 1, "rl.microbatches": 1, "sft.microbatches": 1,
+                        "dpo.microbatches": 1, "rollout.park_rows": 2, "model.remat": 2, "rl.max_staleness": 2,
+                        "rollout.slots": 3}
+
 #: The programs each step's key changes the shapes of (the others are reused, not compiled again).
 RECOMPILES: dict[str, tuple[str, ...]] = {
     "rollout.park_rows": (), "rl.max_staleness": (), "rollout.slots": ("prefill", "decode"),
     "rl.microbatches": ("update",), "sft.microbatches": ("update",), "dpo.microbatches": ("update",),
     "model.remat": ("update", "scorer", "infogain"), "rl.score_rows": ("scorer", "infogain"),
+    "rollout.cache_sharding": ("prefill", "decode"),
 }
 
 
@@ -74,18 +89,24 @@ def _microbatch_key(cfg) -> tuple[str, int, int]:
 def next_steps(term: str, cfg) -> list[tuple[str, Any]]:
     """The overrides (key, value) that shrink ``term`` of ``cfg``'s plan, in the order to try them
     (the module's table); empty when none is left."""
+    from jaxagent.jobs.memplan import planning_devices
+
     r = cfg.rollout
+    split = [("rollout.cache_sharding", "heads")] if r.cache_sharding != "heads" and planning_devices(cfg) > 1 else []
     if term == "park_cache":
-        return [("rollout.park_rows", 0)] if r.park_rows != 0 else []
-    if term in ("kv_cache", "engine_logits", "transient of prefill", "transient of decode"):
+        return split + ([("rollout.park_rows", 0)] if r.park_rows != 0 else [])
+    if term in ("kv_cache", "transient of prefill", "transient of decode"):
+        return split + ([("rollout.slots", r.slots // 2)] if r.slots > 1 else [])
+    if term == "engine_logits":
         return [("rollout.slots", r.slots // 2)] if r.slots > 1 else []
     if term == "transient of update":
         key, micro, rows = _microbatch_key(cfg)
         out = [(key, 2 * micro)] if rows % (2 * max(1, micro)) == 0 and 2 * micro <= rows else []
         return out + ([("model.remat", "full")] if cfg.model.remat != "full" else [])
-    if term in ("transient of scorer", "transient of infogain"):
-        rows = cfg.rl.score_rows
-        return [("rl.score_rows", 8 if rows == 0 else rows // 2)] if rows != 1 else []
+    if term in ("transient of scorer", "transient of infogain"):  # halved from the rows scored at a time
+        batch = cfg.rl.group_size * cfg.rl.tasks_per_step
+        rows = min(cfg.rl.score_rows or batch, batch)  # 0, or more than the batch: all of it at once
+        return [("rl.score_rows", rows // 2)] if rows > 1 else []
     if term == "engine_params":
         return [("rl.max_staleness", 0)] if cfg.rl.max_staleness else []
     return []
@@ -120,19 +141,19 @@ def fit_plan(cfg, budget: int, *, name: str | None = None, margin: float = MARGI
         if plan["largest_transient"]:
             sizes[f"transient of {plan['largest_transient']}"] = plan["peak_per_device"] - plan["resident"]
         step = new_cfg = None
-        for term in sorted((t for t in sizes if sizes[t] > 0), key=sizes.get, reverse=True):
-            for key, value in next_steps(term, cfg):
-                if (key, value) in spent:
-                    continue
-                spent.add((key, value))
-                try:
-                    new_cfg = configlib.load(RunConfig, None, [f"{key}={value}"], base=configlib.to_dict(cfg))
-                except (configlib.ConfigError, ValueError):  # the config refuses it: spent
-                    continue
-                step = {"override": f"{key}={value}", "term": term, "term_bytes": sizes[term]}
-                break
-            if step:
-                break
+        # the cheapest step first (COST), then the one on the largest term
+        options = sorted(((COST[k], -sizes[t], t, k, v) for t in sizes if sizes[t] > 0 for k, v in next_steps(t, cfg)),
+                         key=lambda o: o[:2])
+        for _, _, term, key, value in options:
+            if (key, value) in spent:
+                continue
+            spent.add((key, value))
+            try:
+                new_cfg = configlib.load(RunConfig, None, [f"{key}={value}"], base=configlib.to_dict(cfg))
+            except (configlib.ConfigError, ValueError):  # the config refuses it: spent
+                continue
+            step = {"override": f"{key}={value}", "term": term, "term_bytes": sizes[term]}
+            break
         if step is None:
             blocked = max(sizes, key=sizes.get)
             say(f"[plan] fit {label}: no step left; the largest term is {blocked} ({sizes[blocked] / GB:.3g} GB)")
@@ -141,12 +162,16 @@ def fit_plan(cfg, budget: int, *, name: str | None = None, margin: float = MARGI
                     "what_would": "mesh.fsdp (more devices) or model.lora.rank" if blocked in (
                         "parameters", "optimizer_state") else f"{plan['knob']}; or mesh.fsdp (more devices)"}
         key, value = step["override"].split("=", 1)
-        applied[key] = value
-        cfg = new_cfg
         say(f"[plan] fit {label}: step {len(steps) + 1}: {step['override']} (largest shrinkable term: {step['term']}, "
             f"{step['term_bytes'] / GB:.3g} GB); planning again")
         keep = {k: v for k, v in plan["programs"].items() if k not in RECOMPILES[key] and "error" not in v}
-        plan = plan_memory(cfg, margin=margin, programs=programs, reuse=keep)
+        tried = plan_memory(new_cfg, margin=margin, programs=programs, reuse=keep)
+        broke = sorted(k for k, v in tried["programs"].items() if "error" in v and "error" not in plan["programs"].get(k, {}))
+        if broke or peak(tried) >= peak(plan):  # a program that no longer compiles would look like a lower peak
+            say(f"[plan] fit {label}: {step['override']} " + (f"stops {', '.join(broke)} compiling" if broke else
+                f"does not lower the peak ({peak(tried) / GB:.3g} GB)") + ": not kept")
+            continue
+        applied[key], cfg, plan = value, new_cfg, tried
         steps.append({**step, "peak_with_margin": peak(plan)})
         say(f"[plan] fit {label}: step {len(steps)}: peak with the margin {peak(plan) / GB:.3g} GB")
     fits = peak(plan) <= budget
@@ -180,4 +205,4 @@ def format_fit(fit: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RECOMPILES", "device_budget", "fit_plan", "format_fit", "next_steps"]
+__all__ = ["COST", "RECOMPILES", "device_budget", "fit_plan", "format_fit", "next_steps"]

@@ -49,16 +49,13 @@ class LocalPolicy:
     """The local policy, built once for every arm that needs it."""
 
     def __init__(self, cfg: RunConfig):
-        from jaxagent.jobs.build import build_model, build_tokenizer
+        from jaxagent.jobs.build import build_engine, build_model, build_tokenizer
         from jaxagent.models import LogicalRules, make_mesh
-        from jaxagent.rollout.engine import GenerationEngine
 
         self.tok = build_tokenizer(cfg)
         rules = LogicalRules(make_mesh(cfg.mesh))
         self.qcfg, params = build_model(cfg, self.tok, rules)
-        r = cfg.rollout
-        self.engine = GenerationEngine(params, self.qcfg, slots=r.slots, capacity=r.capacity,
-                                       decode_steps=r.decode_steps, vocab_limit=self.tok.vocab_size)
+        self.engine = build_engine(cfg, params, self.qcfg, park_rows=0, vocab_limit=self.tok.vocab_size)
         self.name = f"local:{cfg.model.path}" if cfg.model.path else f"local:{cfg.model.preset} (random init)"
 
 

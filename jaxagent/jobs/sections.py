@@ -181,8 +181,13 @@ class RolloutSection:
         512, "tokens kept of each simulated-user message (longer replies are cut, counted as sim/truncated_replies; "
              "0: no limit, rollout.max_tokens still holds)")
     tool_schemas_in_prompt: bool = helped(True, "render the tools' JSON schemas into the system prompt")
+    cache_sharding: str = helped(
+        "replicated", "where the engine's KV and park caches live on several devices: replicated (each holds all) or "
+                      "heads (the KV heads split over the mesh: 1/devices each; the device count must divide them)")
 
     def __post_init__(self) -> None:
+        if self.cache_sharding not in ("replicated", "heads"):
+            raise ValueError(f"cache_sharding={self.cache_sharding!r}: expected 'replicated' or 'heads'")
         for f in ("slots", "capacity", "decode_steps", "max_new_tokens", "max_turns", "max_tokens"):
             at_least(f, getattr(self, f), 1)
         at_least("retries", self.retries, 0)

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from jaxagent import configlib
-from jaxagent.jobs.build import build_model, build_tokenizer, param_count
+from jaxagent.jobs.build import build_engine, build_model, build_tokenizer, param_count
 from jaxagent.jobs.config import RunConfig
 from jaxagent.models import LogicalRules, make_mesh
-from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.serve.server import PolicyServer, ServeSettings, bind, make_app, uvicorn_server
 
 
@@ -71,9 +70,8 @@ def build_server(cfg: RunConfig) -> tuple[PolicyServer, dict[str, Any]]:
                                         "directory (adapter_config.json + adapter_model.safetensors)")
         params, qcfg = load_peft_adapter(cfg.serve.adapter, params, qcfg, rules=rules)
     r = cfg.rollout
-    engine = GenerationEngine(params, qcfg, slots=r.slots, capacity=r.capacity,
-                              park_rows=r.park_rows if r.park_rows >= 0 else r.slots, decode_steps=r.decode_steps,
-                              vocab_limit=tok.vocab_size)
+    engine = build_engine(cfg, params, qcfg, park_rows=r.park_rows if r.park_rows >= 0 else r.slots,
+                          vocab_limit=tok.vocab_size)
     s = cfg.serve
     settings = ServeSettings(model_name=model_name(cfg), max_tokens=s.max_tokens, max_n=s.max_n, max_queue=s.max_queue,
                              retry_after_s=s.retry_after_s, request_timeout_s=s.request_timeout_s, api_key=key,

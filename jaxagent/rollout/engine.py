@@ -88,6 +88,38 @@ def _bucket(n: int, lo: int, hi: int) -> int:
     return min(hi, max(lo, 1 << max(0, n - 1).bit_length()))
 
 
+#: Where the engine's caches live (`rollout.cache_sharding`): see `engine_cache_sharding`.
+CACHE_SHARDINGS = ("replicated", "heads")
+
+
+def engine_cache_sharding(params: Params, config: QwenConfig, how: str = "replicated"):
+    """The sharding of the engine's K and V caches ([layers, rows, capacity, kv_heads, head_dim]),
+    or None for the default placement. ``"replicated"``: None (on several devices each holds all of
+    them). ``"heads"``: the KV heads split over every axis larger than 1 of the mesh the parameters
+    live on, so each device holds kv_heads / devices of every row: the engine gathers and writes
+    whole rows (admission, parking, decode lanes), which a split over heads leaves local. None when
+    the parameters are on one device. ValueError (naming ``rollout.cache_sharding``) for another
+    value, or when the device count does not divide the KV heads."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if how not in CACHE_SHARDINGS:
+        raise ValueError(f"rollout.cache_sharding={how!r}: expected one of {', '.join(map(repr, CACHE_SHARDINGS))}")
+    if how == "replicated":
+        return None
+    mesh = next((x.sharding.mesh for x in jax.tree.leaves(params) if isinstance(getattr(x, "sharding", None),
+                                                                                 NamedSharding)), None)
+    axes = tuple(a for a in mesh.axis_names if mesh.shape[a] > 1) if mesh is not None else ()
+    n = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+    if n == 1:
+        return None
+    K = config.num_key_value_heads
+    if K % n:
+        raise ValueError(f"rollout.cache_sharding='heads': the model's {K} KV heads do not split over the "
+                         f"{n} devices of the mesh {dict(mesh.shape)}; expected a device count that divides {K}, "
+                         "or rollout.cache_sharding='replicated'")
+    return NamedSharding(mesh, PartitionSpec(None, None, None, axes, None))
+
+
 @functools.partial(jax.jit, static_argnames=("config", "window"), donate_argnums=(1,))
 def _prefill(params, cache: KVCache, rows_A, tokens_AT, n_new_A, rollback_A, logits_SV, *, config: QwenConfig,
              window: int):
@@ -170,11 +202,12 @@ class GenerationEngine:
     that sessions > slots still reuse their prefix: a parked row is copied back into a lane
     (a copy of its length, no model work) instead of being prefilled again. ``decode_steps``
     tokens are decoded per host round trip (rows that end on the way idle until the next).
+    ``cache_sharding``: where the caches live on several devices (`engine_cache_sharding`).
     """
 
     def __init__(self, params: Params, config: QwenConfig, *, slots: int, capacity: int,
                  park_rows: int = 0, decode_steps: int = 8, vocab_limit: int | None = None,
-                 place: Callable[[Params], Params] | None = None):
+                 place: Callable[[Params], Params] | None = None, cache_sharding: str = "replicated"):
         for name, value, lo in (("slots", slots, 1), ("park_rows", park_rows, 0), ("decode_steps", decode_steps, 1)):
             if not isinstance(value, int) or value < lo:
                 raise ValueError(f"{name}={value!r}: expected an integer >= {lo}")
@@ -184,7 +217,8 @@ class GenerationEngine:
         self.params, self.config = self.place(params), config
         self.slots, self.capacity, self.vocab_limit = slots, capacity, vocab_limit
         self.decode_steps = decode_steps
-        self.cache = init_cache(config, slots, capacity)
+        self.kv_sharding = engine_cache_sharding(self.params, config, cache_sharding)
+        self.cache = self._empty_cache(slots)
         self.logits = jnp.zeros((slots, config.vocab_size), jnp.float32)
         self.keys = np.zeros((slots, 2), np.uint32)  # each running row's request key data
         self.held: list[list[int]] = [[] for _ in range(slots)]  # tokens each lane's cache holds
@@ -193,7 +227,7 @@ class GenerationEngine:
         self.running: list[_Request | None] = [None] * slots
         self.pending: list[_Request] = []
         # One more row than parked prefixes: the spare one through which two prefixes trade places.
-        self.park = init_cache(config, park_rows + 1, capacity) if park_rows else None
+        self.park = self._empty_cache(park_rows + 1) if park_rows else None
         self.spare = park_rows
         self.parked: OrderedDict[str, tuple[int, list[int]]] = OrderedDict()  # session -> (row, tokens)
         self._wake: asyncio.Event | None = None
@@ -214,6 +248,16 @@ class GenerationEngine:
     def reset_stats(self) -> None:
         self.stats = {"prefill_tokens": 0, "decode_steps": 0, "device_s": 0.0, "engine_calls": 0,
                       "parked": 0, "restored": 0}
+
+    def _empty_cache(self, rows: int) -> KVCache:
+        """An empty cache of ``rows`` rows, made where it lives (no full copy on one device first)."""
+        if self.kv_sharding is None:
+            return init_cache(self.config, rows, self.capacity)
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        kv, rep = self.kv_sharding, NamedSharding(self.kv_sharding.mesh, PartitionSpec())
+        make = functools.partial(init_cache, self.config, rows, self.capacity)
+        return jax.jit(make, out_shardings=KVCache(kv, kv, rep))()
 
     # ------------------------------------------------------------------ public
     def warmup(self) -> None:
@@ -560,7 +604,7 @@ class GenerationEngine:
             self._deferred.clear()
             self._stepping = False
             self.held = [[] for _ in range(self.slots)]
-            self.cache = init_cache(self.config, self.slots, self.capacity)  # a failed call may have consumed it
+            self.cache = self._empty_cache(self.slots)  # a failed call may have consumed it
             self.logits = jnp.zeros((self.slots, self.config.vocab_size), jnp.float32)
             if not isinstance(e, Exception):
                 raise
