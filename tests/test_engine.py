@@ -392,3 +392,18 @@ def test_caches_split_over_heads_need_a_device_count_that_divides_them():
         engine_cache_sharding(_on_mesh(4), CFG, "heads")
     with pytest.raises(ValueError, match=r"rollout.cache_sharding='rows': expected one of 'replicated', 'heads'"):
         engine_cache_sharding(PARAMS, CFG, "rows")
+
+
+def test_a_run_whose_mesh_cannot_split_the_heads_is_a_config_error_naming_the_key():
+    from jaxagent import configlib
+    from jaxagent.jobs.build import build_engine
+    from jaxagent.jobs.config import load_config
+
+    with pytest.raises(configlib.ConfigError, match=r"rollout.cache_sharding='rows': expected 'replicated' or 'heads'"):
+        load_config(None, ["rollout.cache_sharding=rows"])
+    cfg = load_config(None, ["rollout.cache_sharding=heads", "rollout.slots=2", "rollout.capacity=32",
+                             "rollout.max_tokens=32"])
+    with pytest.raises(configlib.ConfigError, match=r"2 KV heads do not split over the 4 devices"):
+        build_engine(cfg, _on_mesh(4), CFG, park_rows=0, vocab_limit=64)
+    engine = build_engine(cfg, _on_mesh(2), CFG, park_rows=1, vocab_limit=64)
+    assert engine.kv_sharding is not None and engine.park.k.sharding == engine.kv_sharding
