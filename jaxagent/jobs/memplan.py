@@ -127,6 +127,19 @@ def _memory(compiled) -> dict[str, int]:
     return out
 
 
+def update_shape(cfg) -> tuple[str, int, int, int]:
+    """(section, rows, microbatches, length) of the job's update: the RL trainer's
+    (``rl.minibatch_size`` rows, default group_size x tasks_per_step, of ``rollout.capacity``),
+    job=sft's (``sft.batch_size`` rows of at most ``sft.max_len``) or job=dpo's (``dpo.batch_size``
+    pairs of ``dpo.max_len``); ``<section>.microbatches`` of them (at least 1)."""
+    if cfg.job == "sft":
+        return "sft", cfg.sft.batch_size, max(1, cfg.sft.microbatches), cfg.sft.max_len or cfg.rollout.capacity
+    if cfg.job == "dpo":
+        return "dpo", cfg.dpo.batch_size, max(1, cfg.dpo.microbatches), cfg.dpo.max_len
+    return ("rl", cfg.rl.minibatch_size or cfg.rl.group_size * cfg.rl.tasks_per_step, max(1, cfg.rl.microbatches),
+            cfg.rollout.capacity)
+
+
 def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: tuple[str, ...] | None = None,
                 reuse: dict[str, dict] | None = None) -> dict[str, Any]:
     """The memory plan of ``cfg`` (a `RunConfig`): see the module docstring. ``compile=False``:
@@ -202,17 +215,10 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
         notes.append(mu_dtype_note)
     # the update's rows, microbatches and length: the RL trainer's, job=sft's (sft.batch_size rows of
     # at most sft.max_len, sft.microbatches) or job=dpo's (dpo.batch_size pairs of at most dpo.max_len)
-    if cfg.job == "sft":
-        rows, micro = cfg.sft.batch_size, max(1, cfg.sft.microbatches)
-        L = cfg.sft.max_len or cfg.rollout.capacity
-    elif cfg.job == "dpo":
-        rows, micro, L = cfg.dpo.batch_size, max(1, cfg.dpo.microbatches), cfg.dpo.max_len
-    else:
-        rows = cfg.rl.minibatch_size or cfg.rl.group_size * cfg.rl.tasks_per_step
-        micro, L = max(1, cfg.rl.microbatches), cfg.rollout.capacity
+    sec, rows, micro, L = update_shape(cfg)
     grads_b = trained_f32 * (2 if micro >= 2 else 1) + trained_b  # fp32 accumulator(s) + the combined gradient
 
-    # ---- the engine's resident buffers (analytic; replicated: init_cache has no sharding)
+    # ---- the engine's resident buffers (analytic; replicated, or split over the KV heads)
     r = cfg.rollout
     # park rows as each job's engine is built: the run's (`jobs.build.prepare`: group_size x
     # tasks_per_step by default), serve's (slots by default), the Q&D jobs' local policy (none)
@@ -280,7 +286,6 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
     peak = resident + (transients[worst] if worst else 0)
     parts = {**terms, **({f"transient of {worst}": transients[worst]} if worst else {})}
     dominant = max(parts, key=parts.get)
-    sec = cfg.job if cfg.job in ("sft", "dpo") else "rl"
     length = {"sft": "sft.max_len", "dpo": "dpo.max_len"}.get(cfg.job, "rollout.capacity")
     knobs = {
         "parameters": "mesh.fsdp (shard the weights over more devices) or mesh.tensor",
@@ -369,4 +374,5 @@ def format_plan(plan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DEVICE_KINDS", "MARGIN", "format_plan", "kv_cache_bytes", "plan_memory", "planning_devices"]
+__all__ = ["DEVICE_KINDS", "MARGIN", "format_plan", "kv_cache_bytes", "plan_memory", "planning_devices",
+           "update_shape"]

@@ -40,7 +40,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from jaxagent.jobs.memplan import DEVICE_KINDS, GB, MARGIN, plan_memory
+from jaxagent.jobs.memplan import DEVICE_KINDS, GB, MARGIN, plan_memory, update_shape
 
 #: What a step gives up, cheapest first: nothing but collectives (0); speed of the credit or the
 #: update (1); prefix reuse, recomputation, asynchrony (2); rollout lanes (3).
@@ -77,15 +77,6 @@ def device_budget(fit: str) -> tuple[str, int]:
     return f"{gb:g} GB", int(gb * GB)
 
 
-def _microbatch_key(cfg) -> tuple[str, int, int]:
-    """(key, microbatches, rows of the update) of the job's update."""
-    if cfg.job == "sft":
-        return "sft.microbatches", cfg.sft.microbatches, cfg.sft.batch_size
-    if cfg.job == "dpo":
-        return "dpo.microbatches", cfg.dpo.microbatches, cfg.dpo.batch_size
-    return "rl.microbatches", cfg.rl.microbatches, cfg.rl.minibatch_size or cfg.rl.group_size * cfg.rl.tasks_per_step
-
-
 def next_steps(term: str, cfg) -> list[tuple[str, Any]]:
     """The overrides (key, value) that shrink ``term`` of ``cfg``'s plan, in the order to try them
     (the module's table); empty when none is left."""
@@ -100,8 +91,8 @@ def next_steps(term: str, cfg) -> list[tuple[str, Any]]:
     if term == "engine_logits":
         return [("rollout.slots", r.slots // 2)] if r.slots > 1 else []
     if term == "transient of update":
-        key, micro, rows = _microbatch_key(cfg)
-        out = [(key, 2 * micro)] if rows % (2 * max(1, micro)) == 0 and 2 * micro <= rows else []
+        sec, rows, micro, _ = update_shape(cfg)
+        out = [(f"{sec}.microbatches", 2 * micro)] if rows % (2 * micro) == 0 else []
         return out + ([("model.remat", "full")] if cfg.model.remat != "full" else [])
     if term in ("transient of scorer", "transient of infogain"):  # halved from the rows scored at a time
         batch = cfg.rl.group_size * cfg.rl.tasks_per_step

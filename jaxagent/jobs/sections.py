@@ -186,8 +186,11 @@ class RolloutSection:
                       "heads (the KV heads split over the mesh: 1/devices each; the device count must divide them)")
 
     def __post_init__(self) -> None:
-        if self.cache_sharding not in ("replicated", "heads"):
-            raise ValueError(f"cache_sharding={self.cache_sharding!r}: expected 'replicated' or 'heads'")
+        from jaxagent.rollout.engine import CACHE_SHARDINGS
+
+        if self.cache_sharding not in CACHE_SHARDINGS:
+            raise ValueError(f"cache_sharding={self.cache_sharding!r}: expected "
+                             f"{' or '.join(map(repr, CACHE_SHARDINGS))}")
         for f in ("slots", "capacity", "decode_steps", "max_new_tokens", "max_turns", "max_tokens"):
             at_least(f, getattr(self, f), 1)
         at_least("retries", self.retries, 0)
