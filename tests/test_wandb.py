@@ -22,6 +22,7 @@ import json
 import math
 import struct
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,8 @@ def _wandb_records(path: Path) -> list:
         if kind == 0 and n == 0:
             pos += left
             continue
+        if pos + 7 + n > len(data):  # a chunk still being written: the records before it
+            break
         chunk, pos = data[pos + 7:pos + 7 + n], pos + 7 + n
         buf = chunk if kind in (1, 2) else buf + chunk
         if kind in (1, 4):
@@ -92,11 +95,30 @@ def _wandb_records(path: Path) -> list:
     return out
 
 
+def _finished_records(path: Path, timeout_s: float = 120.0) -> list:
+    """The records of a finished run's ``.wandb`` file, once its ``exit`` record is there.
+
+    ``run.finish()`` returns when wandb-core has handled the exit record, but the stream that
+    writes the file is closed by a request the SDK only publishes (``inform_finish``, no reply):
+    the file's tail can still be unwritten when ``finish`` returns (two CI runs failed on a file
+    with no history rows; a probe read once found the 7-byte header alone). The file is complete
+    once it holds the exit record, so it is read until then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = _wandb_records(path) if path.stat().st_size >= 7 else []
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        if time.monotonic() > deadline:
+            kinds = [r.WhichOneof("record_type") for r in records]
+            raise AssertionError(f"{path} has no exit record {timeout_s:.0f} s after finish: {kinds}")
+        time.sleep(0.05)
+
+
 def _history(run_dir: Path) -> tuple[list[dict], list]:
     """(the history rows, key -> JSON value, in logging order; every record) of a run's one offline run."""
     files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
-    records = _wandb_records(files[0])
+    records = _finished_records(files[0])
     rows = [{"/".join(i.nested_key) if i.nested_key else i.key: json.loads(i.value_json) for i in r.history.item}
             for r in records if r.WhichOneof("record_type") == "history"]
     return rows, records
