@@ -40,6 +40,7 @@ from flax import struct
 from jaxagent.credit.batch import CreditBatch, infogain_valid_turns
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.qwen import Params, map_row_chunks, token_logprobs
+from jaxagent.models.sharding import LogicalRules
 
 PlaceholderMode = Literal["replace", "overwrite"]
 Mode = Literal["naive", "vmapped", "shared_prefix"]
@@ -132,12 +133,16 @@ def infogain_vmapped(
     row_chunk: int | None = None,
     temperature: float = 1.0,
     vocab_limit: int | None = None,
+    rules: LogicalRules | None = None,
 ) -> InfoGainOutput:
     """Every counterfactual history through one batched teacher-forcing call ([B*T, Lc]).
 
     ``factual_logp_BL``: the trajectories' next-token log-probs (the old-log-prob pass); computed
     here when not given. ``row_chunk``: rows scored at a time (see `token_logprobs`).
     ``temperature`` / ``vocab_limit``: the distribution scored, the sampler's (`token_logprobs`).
+    ``rules``: the mesh's activation rules (`token_logprobs`): with the batch's rows split over its
+    batch axes, each device then runs its own rows (None: the partitioner decides, and on an fsdp
+    mesh it runs every row on every device).
     """
     B, L = batch.tokens_BL.shape
     T = batch.action_span_BT2.shape[1]
@@ -146,7 +151,7 @@ def infogain_vmapped(
         factual_logp_BL = token_logprobs(
             params, batch.tokens_BL, config=config, segment_ids_BL=batch.pad_mask_BL.astype(jnp.int32),
             attn_impl=attn_impl, chunk_size=chunk_size, row_chunk=row_chunk, temperature=temperature,
-            vocab_limit=vocab_limit,
+            vocab_limit=vocab_limit, rules=rules,
         )
     nxt = _next_action_span(batch)
     fact = _sum_over_action(factual_logp_BL, nxt)
@@ -155,7 +160,7 @@ def infogain_vmapped(
     lp = token_logprobs(
         params, cf_tokens.reshape(B * T, Lc), config=config,
         segment_ids_BL=cf_mask.reshape(B * T, Lc).astype(jnp.int32), attn_impl=attn_impl, chunk_size=chunk_size,
-        row_chunk=row_chunk, temperature=temperature, vocab_limit=vocab_limit,
+        row_chunk=row_chunk, temperature=temperature, vocab_limit=vocab_limit, rules=rules,
     )
     cf = _sum_over_action(lp, cf_span.reshape(B * T, 1, 2)).reshape(B, T)
     act_len = nxt[..., 1] - nxt[..., 0]
@@ -226,11 +231,13 @@ def infogain_shared_prefix(
     row_chunk: int | None = None,
     temperature: float = 1.0,
     vocab_limit: int | None = None,
+    rules: LogicalRules | None = None,
 ) -> InfoGainOutput:
     """One packed teacher-forcing pass per trajectory: the trajectory, then each valid turn's
     counterfactual suffix. Returns r_info and, as a by-product, the trajectories' next-token
     log-probs (``factual_logp_BL``). ``packed_len`` (static) from `jaxagent.train.batch.packed_length`.
-    ``row_chunk``: packed rows scored at a time (see `token_logprobs`)."""
+    ``row_chunk``: packed rows scored at a time (see `token_logprobs`). ``rules``: as in
+    `infogain_vmapped`."""
     B, L = batch.tokens_BL.shape
     if packed_len < L:
         raise ValueError(f"packed_len={packed_len}: expected >= the trajectory length {L} "
@@ -240,7 +247,7 @@ def infogain_shared_prefix(
     def packed_logprobs(rows: CreditBatch):  # layout and pass for some rows: their [b, Lp, Lp] masks only
         tokens, positions, mask, act_start, _ = shared_prefix_layout(rows, ph_P, packed_len, placeholder_mode)
         lp = token_logprobs(params, tokens, config=config, positions_BL=positions, mask_BLS=mask, attn_impl=attn_impl,
-                            chunk_size=chunk_size, temperature=temperature, vocab_limit=vocab_limit)
+                            chunk_size=chunk_size, temperature=temperature, vocab_limit=vocab_limit, rules=rules)
         return lp, act_start
 
     if row_chunk is not None and 0 < row_chunk < B:
@@ -259,11 +266,11 @@ def infogain_shared_prefix(
 
 vmapped_jit = jax.jit(infogain_vmapped,
                        static_argnames=("config", "placeholder_mode", "attn_impl", "chunk_size", "row_chunk",
-                                        "temperature", "vocab_limit"))
+                                        "temperature", "vocab_limit", "rules"))
 shared_prefix_jit = jax.jit(
     infogain_shared_prefix,
     static_argnames=("config", "packed_len", "placeholder_mode", "attn_impl", "chunk_size", "row_chunk",
-                     "temperature", "vocab_limit"),
+                     "temperature", "vocab_limit", "rules"),
 )
 
 

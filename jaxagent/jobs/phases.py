@@ -197,7 +197,7 @@ def build_trainer(run: Run, params) -> RLTrainer:
                      engine=run.engine, infopo=cfg.infopo, faca=cfg.faca, grpo=cfg.grpo,
                      lr_schedule=learning_rate(cfg.optim),
                      shardings=StepShardings.of(state, batch_sharding(run.rules, shape=(minibatch, 1))),
-                     processes=run.processes)
+                     processes=run.processes, rules=run.rules)
 
 
 def run_rl(run: Run, params) -> tuple[Any, int]:

@@ -98,23 +98,28 @@ def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trai
     if name == "scorer":
         from jaxagent.train.step import sequence_scores
 
+        # the trainer's scorer (`RLTrainer.scores`): rows over the batch axes, activations kept so
         bs = batch_sharding(rules, shape=(rows, 1))
-        fn = jax.jit(lambda p, t: sequence_scores(p, t, config=qcfg, row_chunk=cfg.rl.score_rows or None))
+        run_rules = rules if mesh.size > 1 else None
+        fn = jax.jit(lambda p, t: sequence_scores(p, t, config=qcfg, row_chunk=cfg.rl.score_rows or None,
+                                                  rules=run_rules))
         return fn.lower(p_abs, sds((rows, L), jnp.int32, bs)).compile()
-    if name == "infogain":  # the trainer's call (`compute_infogain`): the batch committed to no mesh, so replicated
+    if name == "infogain":  # the trainer's call (`compute_infogain` with the run's rules): rows over the batch axes
         from jaxagent.credit.batch import CreditBatch
         from jaxagent.credit.infogain import shared_prefix_jit, vmapped_jit
 
         sh = infogain_shapes(cfg, L)
         B, T = sh["rows"], sh["turns"]
         i32, f32, b = jnp.int32, jnp.float32, jnp.bool_
+        row = lambda shape, dt: sds(shape, dt, batch_sharding(rules, shape=shape))  # as `place_rows` puts them
         batch = CreditBatch(
-            tokens_BL=sds((B, L), i32), pad_mask_BL=sds((B, L), i32), loss_mask_BL=sds((B, L), f32),
-            turn_idx_BL=sds((B, L), i32), action_span_BT2=sds((B, T, 2), i32), feedback_span_BT2=sds((B, T, 2), i32),
-            turn_valid_BT=sds((B, T), b), segment_idx_BL=sds((B, L), i32), segment_polarity_BQ=sds((B, T), f32),
-            segment_valid_BQ=sds((B, T), b), reward_B=sds((B,), f32), group_id_B=sds((B,), i32))
+            tokens_BL=row((B, L), i32), pad_mask_BL=row((B, L), i32), loss_mask_BL=row((B, L), f32),
+            turn_idx_BL=row((B, L), i32), action_span_BT2=row((B, T, 2), i32), feedback_span_BT2=row((B, T, 2), i32),
+            turn_valid_BT=row((B, T), b), segment_idx_BL=row((B, L), i32), segment_polarity_BQ=row((B, T), f32),
+            segment_valid_BQ=row((B, T), b), reward_B=row((B,), f32), group_id_B=row((B,), i32))
         ph = sds((sh["placeholder_tokens"],), i32)
-        kw = {"config": qcfg, "placeholder_mode": cfg.infopo.placeholder_mode, "row_chunk": cfg.rl.score_rows or None}
+        kw = {"config": qcfg, "placeholder_mode": cfg.infopo.placeholder_mode, "row_chunk": cfg.rl.score_rows or None,
+              "rules": rules if mesh.size > 1 else None}
         if cfg.infopo.mode in ("vmapped", "naive"):  # naive: the same histories, one call each (memplan's note)
             return vmapped_jit.lower(p_abs, batch, ph, **kw).compile()
         return shared_prefix_jit.lower(p_abs, batch, ph, packed_len=sh["packed_len"], **kw).compile()

@@ -159,3 +159,16 @@ def batch_sharding(rules: LogicalRules, ndim: int = 2, shape: Sequence[int] | No
     ``shape``, mesh axes that do not divide the batch are dropped (replicated) instead of failing."""
     ndim = len(shape) if shape is not None else ndim
     return NamedSharding(rules.mesh, rules.spec(("batch",) + (None,) * (ndim - 1), shape))
+
+
+def place_rows(tree, rules: LogicalRules):
+    """``tree`` with each array leaf's leading (row) axis split over the batch's mesh axes that
+    divide it (`batch_sharding` of the leaf's shape; scalars replicated): where a program that runs
+    on a whole batch of rows (the info gain, the scorer) finds its rows, each device its own."""
+    def put(x):
+        if not hasattr(x, "shape"):
+            return x
+        s = batch_sharding(rules, shape=x.shape) if x.ndim else NamedSharding(rules.mesh, PartitionSpec())
+        return jax.device_put(x, s)
+
+    return jax.tree.map(put, tree)

@@ -35,6 +35,7 @@ from jaxagent.credit.infogain import (InfoGainOutput, Mode, PlaceholderMode, inf
                                       vmapped_jit)
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.qwen import Params, token_logprobs
+from jaxagent.models.sharding import LogicalRules, place_rows
 from jaxagent.train.batch import HostBatch, packed_length
 
 
@@ -129,6 +130,7 @@ def compute_infogain(
     host: HostBatch | None = None,
     packed_multiple: int = 64,
     vocab_limit: int | None = None,
+    rules: LogicalRules | None = None,
 ) -> InfoGainOutput:
     """Dispatches to one of the three modes (host entry point; the vmapped and shared-prefix
     modes are single jitted calls). ``mode`` and ``placeholder_mode`` are `InfoPOConfig`'s
@@ -141,7 +143,9 @@ def compute_infogain(
     same batch's host arrays (`jaxagent.train.batch.build_batch`), when the caller has them:
     the packed length is then computed from them, with no device round trip. Without
     ``packed_len``, the shared-prefix pass packs to the length its suffixes need rounded up to
-    ``packed_multiple`` (a static shape)."""
+    ``packed_multiple`` (a static shape). ``rules`` (vmapped and shared_prefix; a mesh of several
+    devices): the batch's rows are split over the mesh's batch axes (`place_rows`) and the pass's
+    activations kept so, each device scoring its own rows (None: as the batch is placed)."""
     if mode not in ("naive", "vmapped", "shared_prefix"):
         raise ValueError(f"mode={mode!r}: expected 'naive', 'vmapped' or 'shared_prefix'")
     if placeholder_mode not in ("replace", "overwrite"):
@@ -152,10 +156,12 @@ def compute_infogain(
     if mode == "naive":
         return infogain_naive(params, batch, ph, config=config, placeholder_mode=placeholder_mode, attn_impl=attn_impl,
                               temperature=temperature, vocab_limit=vocab_limit)
+    if rules is not None:
+        batch = place_rows(batch, rules)
     if mode == "vmapped":
         return vmapped_jit(params, batch, jnp.asarray(ph), config=config, factual_logp_BL=factual_logp_BL,
                             placeholder_mode=placeholder_mode, attn_impl=attn_impl, row_chunk=row_chunk,
-                            temperature=temperature, vocab_limit=vocab_limit)
+                            temperature=temperature, vocab_limit=vocab_limit, rules=rules)
     spans = host if host is not None else batch  # the packed length is host arithmetic over the spans
     need = packed_length(spans, int(ph.size), placeholder_mode, multiple=1)
     packed_len = packed_len or -(-need // packed_multiple) * packed_multiple
@@ -164,7 +170,7 @@ def compute_infogain(
                          "counterfactual suffixes (see packed_length)")
     return shared_prefix_jit(params, batch, jnp.asarray(ph), config=config, packed_len=packed_len,
                               placeholder_mode=placeholder_mode, attn_impl=attn_impl, row_chunk=row_chunk,
-                              temperature=temperature, vocab_limit=vocab_limit)
+                              temperature=temperature, vocab_limit=vocab_limit, rules=rules)
 
 
 # ---------------------------------------------------------------------------- marginal prior

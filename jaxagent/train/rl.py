@@ -56,6 +56,7 @@ from jaxagent.credit.registry import make_terms, parse_credit
 from jaxagent.credit.terms import CreditTerm
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.generate import SamplingParams
+from jaxagent.models.sharding import LogicalRules, place_rows
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.rollout.metrics import episode_metrics, failure_causes
@@ -161,8 +162,8 @@ def _check_share(name: str, share: Any, what: str) -> None:
         raise ValueError(f"{name}={share!r}: expected a number in [0, 1] ({what})")
 
 
-def _jit_scores(config: QwenConfig, rows: int | None = None, **view):
-    return jax.jit(lambda p, t: sequence_scores(p, t, config=config, row_chunk=rows, **view))
+def _jit_scores(config: QwenConfig, rows: int | None = None, rules: LogicalRules | None = None, **view):
+    return jax.jit(lambda p, t: sequence_scores(p, t, config=config, row_chunk=rows, rules=rules, **view))
 
 
 def sampler_view(sampling: SamplingParams, vocab_size: int, model_vocab: int) -> dict[str, Any]:
@@ -198,11 +199,14 @@ class RLTrainer:
                  infopo: InfoPOConfig | None = None, faca: FacaConfig | None = None,
                  grpo: GRPOConfig = GRPOConfig(), ref_params: Any = None,
                  lr_schedule: optax.Schedule | None = None, shardings: StepShardings | None = None,
-                 processes: ProcessGroup | None = None, term_settings: Mapping[str, Any] | None = None):
+                 processes: ProcessGroup | None = None, term_settings: Mapping[str, Any] | None = None,
+                 rules: LogicalRules | None = None):
         """``make_env()`` gives each episode a fresh environment (the runner's, `jaxagent.rollout`:
         training code never touches one). ``settings.credit`` names the credit terms
         (`jaxagent.credit.registry.parse_credit`): the built-in ones take ``grpo`` / ``infopo`` /
-        ``faca``, any other registered term ``term_settings[name]`` (else its settings type's defaults)."""
+        ``faca``, any other registered term ``term_settings[name]`` (else its settings type's defaults).
+        ``rules``: the run's mesh rules; on a mesh of several devices the iteration's rows are split
+        over its batch axes for the credit and the scorer (`place_rows`), each device scoring its own."""
         # the sampler's distribution: what the update, the reference and the info gain score
         self.view = sampler_view(sampling, tokenizer.vocab_size, config.vocab_size)
         self.state, self.config, self.tok = state, config, tokenizer
@@ -224,7 +228,8 @@ class RLTrainer:
         self.processes = processes  # several: each plays its share of the episodes, all train on all
         self.update = make_update(ppo_loss_fn(config, ppo, **self.view), tx, microbatches=settings.microbatches,
                                   agg=ppo.agg, lr_schedule=lr_schedule, shardings=shardings)
-        self.scores = _jit_scores(config, settings.score_rows or None, **self.view)
+        self.rules = rules if rules is not None and rules.mesh.size > 1 else None
+        self.scores = _jit_scores(config, settings.score_rows or None, rules=self.rules, **self.view)
         self._fuse = jax.jit(lambda b, inputs, k: fuse_terms(b, self.terms, inputs, k))
 
     def placeholder_ids(self, text: str) -> list[int]:
@@ -297,6 +302,8 @@ class RLTrainer:
         if self.processes is not None:  # several processes: each reads its rows from its own copy
             self.processes.check_same("the RL batch", host.tokens_BL, host.loss_mask_BL, host.logprobs_BL)
         batch = host.credit_batch()
+        if self.rules is not None:  # each device its own rows (the info gain, the scorer)
+            batch = place_rows(batch, self.rules)
         inputs: dict[str, jax.Array] = {}
         for term in self.terms:  # the host inputs the terms need, each made once
             for name in term.needs:
@@ -437,7 +444,7 @@ def _infogain_input(trainer: RLTrainer, batch, host, term: CreditTerm) -> jax.Ar
     out = compute_infogain(trainer.state.model_params, batch, trainer.placeholder_ids(s.placeholder),
                            config=trainer.config, mode=s.mode, placeholder_mode=s.placeholder_mode, host=host,
                            packed_multiple=trainer.settings.length_multiple,
-                           row_chunk=trainer.settings.score_rows or None, **trainer.view)
+                           row_chunk=trainer.settings.score_rows or None, rules=trainer.rules, **trainer.view)
     return out.r_info_BT
 
 

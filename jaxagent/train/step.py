@@ -41,6 +41,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxagent.credit.losses import PPOConfig, policy_loss, sft_loss
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.qwen import token_logprobs
+from jaxagent.models.sharding import LogicalRules
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -257,15 +258,16 @@ def _all_finite(tree) -> jax.Array:
 def sequence_scores(params, tokens_BL: jax.Array, *, config: QwenConfig, entropy: bool = False,
                     attn_impl: str | None = None, row_chunk: int | None = None, temperature: float = 1.0,
                     vocab_limit: int | None = None, dropout_key: jax.Array | None = None,
-                    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+                    rules: LogicalRules | None = None) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Teacher-forced log-probs [B, L] with entry t scoring token t (entry 0 is 0), and with
     ``entropy`` the policy's entropy at the position that predicts token t (entry 0 is 0).
     ``row_chunk``: rows scored at a time (see `token_logprobs`). ``temperature`` / ``vocab_limit``:
     scored under the distribution a sampler with those settings draws from (the RL trainer's sampler).
-    ``dropout_key``: the LoRA adapter's dropout (None: none)."""
+    ``dropout_key``: the LoRA adapter's dropout (None: none). ``rules``: the mesh's activation
+    rules (`token_logprobs`; rows placed over its batch axes: each device scores its own)."""
     out = token_logprobs(params, tokens_BL, config=config, attn_impl=attn_impl, return_entropy=entropy,
                          row_chunk=row_chunk, temperature=temperature, vocab_limit=vocab_limit,
-                         dropout_key=dropout_key)
+                         dropout_key=dropout_key, rules=rules)
     lp, ent = out if entropy else (out, None)
     shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731
     return (shift(lp), shift(ent)) if entropy else shift(lp)
