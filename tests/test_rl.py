@@ -105,6 +105,7 @@ def test_on_a_mesh_the_credit_rows_are_split_and_the_information_gain_is_the_sam
     key = jax.random.key(5)
     one, split = _trainer("infopo"), _trainer("infopo", rules=rules)
     assert one.rules is None and split.rules == rules
+    assert split.score_rules == rules  # 4 rows at a time (score_rows=8 > the 4 rows) over 4 devices
     trajs = one.rollout(tasks, jax.random.split(key, 3)[0])
     batch, _, _ = split.credit(trajs, key)
     assert batch.tokens_BL.sharding.spec[0] == "fsdp" and len(batch.tokens_BL.sharding.device_set) == 4

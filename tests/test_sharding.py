@@ -522,3 +522,21 @@ def test_initialize_distributed_single_process_subprocess():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "1 0 {'data': 2, 'fsdp': 2, 'tensor': 1}"
+
+
+def test_row_rules_give_the_rules_only_to_rows_that_split_over_the_batch_axes():
+    """`row_rules`: the rules when the rows divide the devices of the batch axes (data x fsdp;
+    tensor does not split rows), None otherwise, on one device, or without rules."""
+    from jaxagent.models.sharding import place_rows, row_rules
+
+    r = _rules(2, 2, 2)  # batch axes: 2 x 2 = 4 devices
+    assert [row_rules(r, n) is r for n in (4, 8, 12, 2, 6, 1, 0)] == [True, True, True, False, False, False, False]
+    tensor_only = _rules(1, 1, 8)
+    assert row_rules(tensor_only, 8) is None  # no batch axis larger than 1
+    assert row_rules(None, 8) is None
+    # place_rows: the leading axis over the batch axes that divide it, scalars replicated
+    tree = {"a": jnp.zeros((8, 3)), "b": jnp.zeros((6,)), "c": jnp.float32(1.0)}
+    placed = place_rows(tree, r)
+    assert placed["a"].sharding.spec[0] == ("data", "fsdp")
+    assert placed["b"].sharding.spec[0] == "data"  # 6 rows: fsdp (2 x 2 = 4) does not divide, data does
+    assert placed["c"].sharding.spec == P() and len(placed["c"].sharding.device_set) == 8

@@ -68,7 +68,7 @@ import math
 import time
 from typing import Any
 
-from jaxagent.jobs.plan_programs import compile_program, infogain_shapes, match_shardings
+from jaxagent.jobs.plan_programs import compile_program, infogain_shapes, match_shardings, row_split_notes
 
 #: Named device kinds and their memory (bytes, nominal GB as 1e9: conservative against GiB).
 DEVICE_KINDS: dict[str, int] = {"A800/H100 80GB": 80 * 10**9, "H200 141GB": 141 * 10**9, "TPU v4 32GB": 32 * 10**9,
@@ -253,6 +253,7 @@ def plan_memory(cfg, *, compile: bool = True, margin: float = MARGIN, programs: 
 
     info = cfg.job in ("rl", "sft+rl") and cfg.infopo.prior == "placeholder" and any(
         "r_info" in CREDIT_TERMS[n].needs for n in parse_credit(cfg.rl.credit, key="rl.credit"))
+    notes += row_split_notes(cfg, rules, rows=rows, micro=micro, info=info)
     if info and cfg.infopo.mode == "naive":
         notes.append("infopo.mode='naive' scores each counterfactual history in its own call: planned as 'vmapped' "
                      "(all of them in one call, an upper bound)")

@@ -17,7 +17,7 @@ import numpy as np
 from jaxagent.jobs.build import Run, episode_config, sampling_params, step_key, step_rng
 from jaxagent.jobs.config import RunConfig
 from jaxagent.jobs.evaluate import run_eval
-from jaxagent.models.sharding import batch_sharding
+from jaxagent.models.sharding import batch_sharding, row_rules
 from jaxagent.train.batch import Row, build_batch
 from jaxagent.text.tokenizer import Tokenizer
 from jaxagent.train.loop import Checkpointing, every, fit
@@ -165,7 +165,8 @@ def run_sft(run: Run, params):
     rows = min(s.batch_size, len(data))
     if rows:  # one jitted step, its shardings declared: the state stays where it is, fresh or restored
         shardings = StepShardings.of(state, batch_sharding(run.rules, shape=(rows, 1)))
-        update = make_update(sft_loss_fn(run.qcfg), tx, lr_schedule=learning_rate(optim), shardings=shardings)
+        loss = sft_loss_fn(run.qcfg, rules=row_rules(run.rules, rows))  # one microbatch of all the rows
+        update = make_update(loss, tx, lr_schedule=learning_rate(optim), shardings=shardings)
 
     def step(i, state):
         idx = step_rng(cfg.seed, "sft", i).choice(len(data), size=rows, replace=False)

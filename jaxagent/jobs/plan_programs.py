@@ -45,6 +45,32 @@ def infogain_shapes(cfg, L: int) -> dict[str, int]:
     return {"rows": B, "length": L, "turns": T, "placeholder_tokens": P, "packed_len": -(-need // m) * m}
 
 
+def row_split_notes(cfg, rules, *, rows: int, micro: int, info: bool) -> list[str]:
+    """What the plan says of an RL job's programs whose rows at a time do not split evenly over the
+    mesh's batch devices (`jaxagent.models.sharding.row_rules`): those run every row on every
+    device, and a multiple of the device count would split them."""
+    from jaxagent.models.sharding import batch_devices, row_rules
+
+    n = batch_devices(rules)
+    if cfg.job not in ("rl", "sft+rl") or n == 1:
+        return []
+    if cfg.mesh.distributed:
+        return ["mesh.distributed=true: the RL trainer keeps every row of its scorer, info gain and update on "
+                "every device (its host reads the credit), as planned"]
+    out = []
+    if row_rules(rules, rows // micro) is None:
+        out.append(f"the update's {rows // micro} rows per microbatch do not split over the {n} batch devices "
+                   f"(data x fsdp): each device runs all of them; rl.minibatch_size / rl.microbatches a "
+                   f"multiple of {n} splits them")
+    B = cfg.rl.group_size * cfg.rl.tasks_per_step
+    chunk = cfg.rl.score_rows if 0 < cfg.rl.score_rows < B else B
+    if row_rules(rules, chunk) is None:
+        out.append(f"rl.score_rows={cfg.rl.score_rows}: {chunk} rows at a time do not split over the {n} batch "
+                   f"devices: the scorer{' and the info gain' if info else ''} run them on every device; "
+                   f"a multiple of {n} splits them")
+    return out
+
+
 def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trained):
     """Program ``name`` (update, scorer, infogain, prefill, decode) of ``cfg``'s job lowered with abstract
     parameters ``p_abs`` on ``rules``' mesh and compiled (`jax.stages.Compiled`)."""
@@ -52,10 +78,11 @@ def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trai
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from jaxagent.models.sharding import batch_sharding
+    from jaxagent.models.sharding import batch_sharding, row_rules
 
     mesh = rules.mesh
     rep = NamedSharding(mesh, PartitionSpec())
+    rl_rules = None if cfg.mesh.distributed else rules  # `RLTrainer.rules`: none across processes
     sds = lambda shape, dt, s=rep: jax.ShapeDtypeStruct(shape, dt, sharding=s)
     if name == "update":
         from jaxagent.credit.losses import PPOConfig  # noqa: F401
@@ -88,7 +115,7 @@ def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trai
                      for k, dt in (("tokens", jnp.int32), ("mask", jnp.bool_))}
             batch.update({k: sds((rows, 1), jnp.float32, bs) for k in ("weight", "ref_chosen", "ref_rejected")})
         else:
-            loss = ppo_loss_fn(qcfg, cfg.ppo)
+            loss = ppo_loss_fn(qcfg, cfg.ppo, rules=row_rules(rl_rules, rows // micro))  # as `RLTrainer` builds it
             batch = {k: sds((rows, L), jnp.float32, bs) for k in ("loss_mask", "advantages", "old_logp")}
             batch["tokens"] = sds((rows, L), jnp.int32, bs)
             if cfg.ppo.kl_coef > 0:
@@ -98,11 +125,11 @@ def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trai
     if name == "scorer":
         from jaxagent.train.step import sequence_scores
 
-        # the trainer's scorer (`RLTrainer.scores`): rows over the batch axes, activations kept so
+        # the trainer's scorer (`RLTrainer.scores`): rows over the batch axes, the rules when a chunk splits
         bs = batch_sharding(rules, shape=(rows, 1))
-        run_rules = rules if mesh.size > 1 else None
+        chunk_rules = row_rules(rl_rules, cfg.rl.score_rows if 0 < cfg.rl.score_rows < rows else rows)
         fn = jax.jit(lambda p, t: sequence_scores(p, t, config=qcfg, row_chunk=cfg.rl.score_rows or None,
-                                                  rules=run_rules))
+                                                  rules=chunk_rules))
         return fn.lower(p_abs, sds((rows, L), jnp.int32, bs)).compile()
     if name == "infogain":  # the trainer's call (`compute_infogain` with the run's rules): rows over the batch axes
         from jaxagent.credit.batch import CreditBatch
@@ -111,7 +138,7 @@ def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trai
         sh = infogain_shapes(cfg, L)
         B, T = sh["rows"], sh["turns"]
         i32, f32, b = jnp.int32, jnp.float32, jnp.bool_
-        row = lambda shape, dt: sds(shape, dt, batch_sharding(rules, shape=shape))  # as `place_rows` puts them
+        row = lambda shape, dt: sds(shape, dt, rep if rl_rules is None else batch_sharding(rules, shape=shape))
         batch = CreditBatch(
             tokens_BL=row((B, L), i32), pad_mask_BL=row((B, L), i32), loss_mask_BL=row((B, L), f32),
             turn_idx_BL=row((B, L), i32), action_span_BT2=row((B, T, 2), i32), feedback_span_BT2=row((B, T, 2), i32),
@@ -119,7 +146,7 @@ def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trai
             segment_valid_BQ=row((B, T), b), reward_B=row((B,), f32), group_id_B=row((B,), i32))
         ph = sds((sh["placeholder_tokens"],), i32)
         kw = {"config": qcfg, "placeholder_mode": cfg.infopo.placeholder_mode, "row_chunk": cfg.rl.score_rows or None,
-              "rules": rules if mesh.size > 1 else None}
+              "rules": row_rules(rl_rules, cfg.rl.score_rows if 0 < cfg.rl.score_rows < B else B)}
         if cfg.infopo.mode in ("vmapped", "naive"):  # naive: the same histories, one call each (memplan's note)
             return vmapped_jit.lower(p_abs, batch, ph, **kw).compile()
         return shared_prefix_jit.lower(p_abs, batch, ph, packed_len=sh["packed_len"], **kw).compile()

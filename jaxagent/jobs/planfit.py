@@ -18,8 +18,11 @@ kv_cache, transient of prefill, transient   ``rollout.cache_sharding=heads`` on 
 of decode                                   (each holds kv_heads / devices), then ``rollout.slots``
                                             halved (fewer lanes decode at once)
 engine_logits                               ``rollout.slots`` halved
-transient of update                         the job's ``microbatches`` doubled while it divides
-                                            the update's rows, then ``model.remat=full``
+transient of update                         the job's ``microbatches`` raised: for RL to the next
+                                            count whose rows per microbatch split over the batch
+                                            devices (data x fsdp: each device then runs its own
+                                            rows), else doubled while it divides the update's
+                                            rows; then ``model.remat=full``
 transient of scorer, transient of infogain  ``rl.score_rows`` halved (from the iteration's
                                             episodes when it is 0 or more)
 engine_params                               ``rl.max_staleness=0``
@@ -92,7 +95,12 @@ def next_steps(term: str, cfg) -> list[tuple[str, Any]]:
         return [("rollout.slots", r.slots // 2)] if r.slots > 1 else []
     if term == "transient of update":
         sec, rows, micro, _ = update_shape(cfg)
-        out = [(f"{sec}.microbatches", 2 * micro)] if rows % (2 * micro) == 0 else []
+        data, fsdp, _ = cfg.mesh.shape(planning_devices(cfg))
+        n = data * fsdp  # RL's update runs its rows on their own devices when they split over these
+        split = [d for d in range(micro + 1, rows + 1) if rows % d == 0 and (rows // d) % n == 0] \
+            if sec == "rl" and n > 1 and not cfg.mesh.distributed else []
+        out = [(f"{sec}.microbatches", split[0])] if split else \
+            [(f"{sec}.microbatches", 2 * micro)] if rows % (2 * micro) == 0 else []
         return out + ([("model.remat", "full")] if cfg.model.remat != "full" else [])
     if term in ("transient of scorer", "transient of infogain"):  # halved from the rows scored at a time
         batch = cfg.rl.group_size * cfg.rl.tasks_per_step

@@ -11,6 +11,7 @@ not divide (e.g. 2 KV heads on a tensor axis of 4): that dimension is then repli
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Sequence
 
 import jax
@@ -159,6 +160,28 @@ def batch_sharding(rules: LogicalRules, ndim: int = 2, shape: Sequence[int] | No
     ``shape``, mesh axes that do not divide the batch are dropped (replicated) instead of failing."""
     ndim = len(shape) if shape is not None else ndim
     return NamedSharding(rules.mesh, rules.spec(("batch",) + (None,) * (ndim - 1), shape))
+
+
+def row_rules(rules: LogicalRules | None, rows: int) -> LogicalRules | None:
+    """The rules a program running ``rows`` rows at a time is given for its activations: ``rules``
+    when the rows split evenly over its batch axes (more than one device there), else None.
+
+    With the rules each device computes its own rows and gathers the (fsdp-sharded) parameters it
+    needs; without them the partitioner keeps the parameters where they are and runs every row on
+    every device, all-reducing the activations. The first is much smaller per device when the rows
+    divide (infopo_7b's info gain: 16.7 against 50.3 GB), a little larger when they do not (its
+    update at 5 rows per microbatch on 4 devices: 55.1 against 52.8 GB), hence the rule."""
+    if rules is None:
+        return None
+    n = batch_devices(rules)
+    return rules if n > 1 and rows > 0 and rows % n == 0 else None
+
+
+def batch_devices(rules: LogicalRules) -> int:
+    """How many devices the rules' ``batch`` axis splits rows over (the product of its mesh axes)."""
+    axes = rules.mesh_axes("batch")
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    return math.prod(rules.mesh.shape[a] for a in axes)
 
 
 def place_rows(tree, rules: LogicalRules):

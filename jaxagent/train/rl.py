@@ -56,7 +56,7 @@ from jaxagent.credit.registry import make_terms, parse_credit
 from jaxagent.credit.terms import CreditTerm
 from jaxagent.models.config import QwenConfig
 from jaxagent.models.generate import SamplingParams
-from jaxagent.models.sharding import LogicalRules, place_rows
+from jaxagent.models.sharding import LogicalRules, place_rows, row_rules
 from jaxagent.rollout.engine import GenerationEngine
 from jaxagent.rollout.runner import EpisodeConfig
 from jaxagent.rollout.metrics import episode_metrics, failure_causes
@@ -205,8 +205,9 @@ class RLTrainer:
         training code never touches one). ``settings.credit`` names the credit terms
         (`jaxagent.credit.registry.parse_credit`): the built-in ones take ``grpo`` / ``infopo`` /
         ``faca``, any other registered term ``term_settings[name]`` (else its settings type's defaults).
-        ``rules``: the run's mesh rules; on a mesh of several devices the iteration's rows are split
-        over its batch axes for the credit and the scorer (`place_rows`), each device scoring its own."""
+        ``rules``: the run's mesh rules; on a mesh of several devices (one process's) the iteration's
+        rows are split over its batch axes for the credit and the scorer (`place_rows`), each device
+        scoring its own."""
         # the sampler's distribution: what the update, the reference and the info gain score
         self.view = sampler_view(sampling, tokenizer.vocab_size, config.vocab_size)
         self.state, self.config, self.tok = state, config, tokenizer
@@ -226,10 +227,19 @@ class RLTrainer:
         self.ref_params = ref_params if ref_params is not None else jax.tree.map(jnp.copy, state.model_params)
         self.shardings = shardings
         self.processes = processes  # several: each plays its share of the episodes, all train on all
-        self.update = make_update(ppo_loss_fn(config, ppo, **self.view), tx, microbatches=settings.microbatches,
-                                  agg=ppo.agg, lr_schedule=lr_schedule, shardings=shardings)
-        self.rules = rules if rules is not None and rules.mesh.size > 1 else None
-        self.scores = _jit_scores(config, settings.score_rows or None, rules=self.rules, **self.view)
+        # On a mesh: the rows placed over the batch axes, and each program given the rules when
+        # the rows it runs at a time split evenly there (`row_rules`). Not on a mesh across
+        # processes: the host reads the credit's outputs, whose rows would partly live elsewhere.
+        multi = rules is not None and rules.mesh.is_multi_process
+        self.rules = rules if rules is not None and rules.mesh.size > 1 and not multi else None
+        n_rows = settings.group_size * settings.tasks_per_step
+        chunk = settings.score_rows if 0 < settings.score_rows < n_rows else n_rows
+        self.score_rules = row_rules(self.rules, chunk)  # the scorer's and the info gain's
+        per_micro = (settings.minibatch_size or n_rows) // settings.microbatches
+        self.update = make_update(ppo_loss_fn(config, ppo, rules=row_rules(self.rules, per_micro), **self.view), tx,
+                                  microbatches=settings.microbatches, agg=ppo.agg, lr_schedule=lr_schedule,
+                                  shardings=shardings)
+        self.scores = _jit_scores(config, settings.score_rows or None, rules=self.score_rules, **self.view)
         self._fuse = jax.jit(lambda b, inputs, k: fuse_terms(b, self.terms, inputs, k))
 
     def placeholder_ids(self, text: str) -> list[int]:
@@ -444,7 +454,8 @@ def _infogain_input(trainer: RLTrainer, batch, host, term: CreditTerm) -> jax.Ar
     out = compute_infogain(trainer.state.model_params, batch, trainer.placeholder_ids(s.placeholder),
                            config=trainer.config, mode=s.mode, placeholder_mode=s.placeholder_mode, host=host,
                            packed_multiple=trainer.settings.length_multiple,
-                           row_chunk=trainer.settings.score_rows or None, rules=trainer.rules, **trainer.view)
+                           row_chunk=trainer.settings.score_rows or None, rules=trainer.score_rules,
+                           **trainer.view)
     return out.r_info_BT
 
 

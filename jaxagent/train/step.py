@@ -277,26 +277,29 @@ def sequence_scores(params, tokens_BL: jax.Array, *, config: QwenConfig, entropy
 LossFn = Callable[[Any, Batch], tuple[jax.Array, Metrics]]
 
 
-def sft_loss_fn(config: QwenConfig, agg: str = "token_mean") -> LossFn:
+def sft_loss_fn(config: QwenConfig, agg: str = "token_mean", *, rules: LogicalRules | None = None) -> LossFn:
     """Masked cross-entropy; the batch holds ``tokens`` [B, L] int32 and ``loss_mask`` [B, L] (and
-    optionally ``dropout_key``, `make_update`'s ``dropout_seed``)."""
+    optionally ``dropout_key``, `make_update`'s ``dropout_seed``). ``rules``: the mesh's activation
+    rules (`jaxagent.models.sharding.row_rules` of the microbatch's rows)."""
 
     def loss_fn(params, batch):
-        logp = sequence_scores(params, batch["tokens"], config=config, dropout_key=batch.get("dropout_key"))
+        logp = sequence_scores(params, batch["tokens"], config=config, dropout_key=batch.get("dropout_key"),
+                               rules=rules)
         return sft_loss(logp, batch["loss_mask"], agg=agg)
 
     return loss_fn
 
 
 def ppo_loss_fn(config: QwenConfig, ppo: PPOConfig, *, temperature: float = 1.0,
-                vocab_limit: int | None = None) -> LossFn:
+                vocab_limit: int | None = None, rules: LogicalRules | None = None) -> LossFn:
     """The clipped policy loss; the batch holds ``tokens``, ``loss_mask``, ``advantages``,
     ``old_logp``, with a KL term ``ref_logp`` and with truncated importance sampling ``is_weight``
     (`jaxagent.credit.losses.truncated_is_weights`), all [B, L] aligned to the tokens. The policy
     is scored at the sampler's ``temperature`` / ``vocab_limit`` (the distribution that drew the
     tokens, as ``old_logp`` and ``ref_logp`` must be), and its entropy is that distribution's. A
-    ``dropout_key`` in the batch (`make_update`'s ``dropout_seed``) drives the LoRA dropout."""
-    view = {"temperature": temperature, "vocab_limit": vocab_limit}
+    ``dropout_key`` in the batch (`make_update`'s ``dropout_seed``) drives the LoRA dropout.
+    ``rules``: as in `sft_loss_fn`."""
+    view = {"temperature": temperature, "vocab_limit": vocab_limit, "rules": rules}
 
     def loss_fn(params, batch):
         kw = dict(view, dropout_key=batch.get("dropout_key"))
