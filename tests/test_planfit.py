@@ -56,6 +56,37 @@ def test_next_steps_by_hand():
     assert next_steps("engine_logits", two) == [("rollout.slots", 2)]  # the logits are not split
     split = load_config(None, TINY + ["mesh.fsdp=2", "rollout.cache_sharding=heads"])
     assert next_steps("transient of prefill", split) == [("rollout.slots", 2)]
+    # RL's update on 4 batch devices: 40 rows in 4 microbatches (10 rows each, not split) -> 5 (8 rows,
+    # 2 per device), then 10 (4 rows), then no count splits further: doubled (kept by the search only if
+    # it lowers the peak); one device doubles; across processes (no split) doubles
+    forty = TINY[:-4] + ["rl.group_size=4", "rl.tasks_per_step=10", "rl.minibatch_size=0", "rl.microbatches=4"]
+    on4 = lambda *extra: load_config(None, forty + ["mesh.fsdp=4", *extra])  # noqa: E731
+    assert next_steps("transient of update", on4())[0] == ("rl.microbatches", 5)
+    assert next_steps("transient of update", on4("rl.microbatches=5"))[0] == ("rl.microbatches", 10)
+    assert next_steps("transient of update", on4("rl.microbatches=10")) == [("rl.microbatches", 20),
+                                                                            ("model.remat", "full")]
+    assert next_steps("transient of update", load_config(None, forty))[0] == ("rl.microbatches", 8)
+    assert next_steps("transient of update", on4("mesh.distributed=true"))[0] == ("rl.microbatches", 8)
+
+
+def test_the_plan_says_which_rows_do_not_split_over_the_batch_devices():
+    from jaxagent.jobs.plan_programs import row_split_notes
+    from jaxagent.models import LogicalRules, MeshConfig, make_mesh
+
+    import jax
+
+    rules = LogicalRules(make_mesh(MeshConfig(data=1, fsdp=4, tensor=1), devices=jax.devices()[:4]))
+    cfg = load_config(None, TINY)  # 4 episodes, 8 rows scored at a time (so all 4); 4 update rows in 2 microbatches
+    (note,) = row_split_notes(cfg, rules, rows=4, micro=2, info=True)
+    assert note.startswith("the update's rows per microbatch (2) do not split over the 4 batch devices")
+    assert row_split_notes(cfg, rules, rows=4, micro=1, info=True) == []
+    (note,) = row_split_notes(load_config(None, TINY + ["rl.score_rows=2"]), rules, rows=4, micro=1, info=True)
+    assert note.startswith("rl.score_rows=2: 2 rows at a time do not split over the 4 batch devices: the scorer "
+                           "and the info gain")
+    one = LogicalRules(make_mesh(MeshConfig(data=1, fsdp=1, tensor=1), devices=jax.devices()[:1]))
+    assert row_split_notes(cfg, one, rows=4, micro=2, info=True) == []
+    (note,) = row_split_notes(load_config(None, TINY + ["mesh.distributed=true"]), rules, rows=4, micro=2, info=True)
+    assert note.startswith("mesh.distributed=true")
 
 
 def test_fit_steps_the_tiny_infopo_run_under_a_budget_and_the_overrides_replan_the_same():

@@ -59,7 +59,8 @@ def row_split_notes(cfg, rules, *, rows: int, micro: int, info: bool) -> list[st
                 "every device (its host reads the credit), as planned"]
     out = []
     if row_rules(rules, rows // micro) is None:
-        out.append(f"the update's {rows // micro} rows per microbatch do not split over the {n} batch devices "
+        k = rows // micro
+        out.append(f"the update's rows per microbatch ({k}) do not split over the {n} batch devices "
                    f"(data x fsdp): each device runs all of them; rl.minibatch_size / rl.microbatches a "
                    f"multiple of {n} splits them")
     B = cfg.rl.group_size * cfg.rl.tasks_per_step
