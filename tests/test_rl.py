@@ -177,3 +177,7 @@ def test_turn_means_hand_computed():
     out = turn_means(values, turn, mask, 3)
     np.testing.assert_allclose(out[0], [2.5, 4.0, np.nan])
     np.testing.assert_allclose(out[1], [1.0, np.nan, np.nan])
+
+
+def test_rows_scored_at_a_time_by_hand():
+    assert [RLSettings(score_rows=k).rows_scored_at_a_time(16) for k in (8, 0, 16, 40, 1)] == [8, 16, 16, 16, 1]

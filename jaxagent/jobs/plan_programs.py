@@ -64,7 +64,7 @@ def row_split_notes(cfg, rules, *, rows: int, micro: int, info: bool) -> list[st
                    f"(data x fsdp): each device runs all of them; rl.minibatch_size / rl.microbatches a "
                    f"multiple of {n} splits them")
     B = cfg.rl.group_size * cfg.rl.tasks_per_step
-    chunk = cfg.rl.score_rows if 0 < cfg.rl.score_rows < B else B
+    chunk = cfg.rl.rows_scored_at_a_time(B)
     if row_rules(rules, chunk) is None:
         out.append(f"rl.score_rows={cfg.rl.score_rows}: {chunk} rows at a time do not split over the {n} batch "
                    f"devices: the scorer{' and the info gain' if info else ''} run them on every device; "
@@ -128,7 +128,7 @@ def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trai
 
         # the trainer's scorer (`RLTrainer.scores`): rows over the batch axes, the rules when a chunk splits
         bs = batch_sharding(rules, shape=(rows, 1))
-        chunk_rules = row_rules(rl_rules, cfg.rl.score_rows if 0 < cfg.rl.score_rows < rows else rows)
+        chunk_rules = row_rules(rl_rules, cfg.rl.rows_scored_at_a_time(rows))
         fn = jax.jit(lambda p, t: sequence_scores(p, t, config=qcfg, row_chunk=cfg.rl.score_rows or None,
                                                   rules=chunk_rules))
         return fn.lower(p_abs, sds((rows, L), jnp.int32, bs)).compile()
@@ -147,7 +147,7 @@ def compile_program(name, cfg, qcfg, rules, p_abs, *, rows, L, park, micro, trai
             segment_valid_BQ=row((B, T), b), reward_B=row((B,), f32), group_id_B=row((B,), i32))
         ph = sds((sh["placeholder_tokens"],), i32)
         kw = {"config": qcfg, "placeholder_mode": cfg.infopo.placeholder_mode, "row_chunk": cfg.rl.score_rows or None,
-              "rules": row_rules(rl_rules, cfg.rl.score_rows if 0 < cfg.rl.score_rows < B else B)}
+              "rules": row_rules(rl_rules, cfg.rl.rows_scored_at_a_time(B))}
         if cfg.infopo.mode in ("vmapped", "naive"):  # naive: the same histories, one call each (memplan's note)
             return vmapped_jit.lower(p_abs, batch, ph, **kw).compile()
         return shared_prefix_jit.lower(p_abs, batch, ph, packed_len=sh["packed_len"], **kw).compile()

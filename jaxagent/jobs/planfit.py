@@ -103,8 +103,7 @@ def next_steps(term: str, cfg) -> list[tuple[str, Any]]:
             [(f"{sec}.microbatches", 2 * micro)] if rows % (2 * micro) == 0 else []
         return out + ([("model.remat", "full")] if cfg.model.remat != "full" else [])
     if term in ("transient of scorer", "transient of infogain"):  # halved from the rows scored at a time
-        batch = cfg.rl.group_size * cfg.rl.tasks_per_step
-        rows = min(cfg.rl.score_rows or batch, batch)  # 0, or more than the batch: all of it at once
+        rows = cfg.rl.rows_scored_at_a_time(cfg.rl.group_size * cfg.rl.tasks_per_step)
         return [("rl.score_rows", rows // 2)] if rows > 1 else []
     if term == "engine_params":
         return [("rl.max_staleness", 0)] if cfg.rl.max_staleness else []

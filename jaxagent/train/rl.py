@@ -119,6 +119,11 @@ class RLSettings:
     is_cap: float = dataclasses.field(default=2.0, metadata={
         "help": "rl.behaviour_correction=truncated_is: the cap of the importance weights (> 0)"})
 
+    def rows_scored_at_a_time(self, rows: int) -> int:
+        """The rows the scorer and the info gain run at a time over a batch of ``rows``:
+        ``score_rows``, or all of them when it is 0 or at least ``rows``."""
+        return self.score_rows if 0 < self.score_rows < rows else rows
+
     def __post_init__(self) -> None:
         parse_credit(self.credit)  # registered terms, each once
         for field in ("group_size", "tasks_per_step", "ppo_epochs", "microbatches", "length_multiple"):
@@ -233,8 +238,7 @@ class RLTrainer:
         multi = rules is not None and rules.mesh.is_multi_process
         self.rules = rules if rules is not None and rules.mesh.size > 1 and not multi else None
         n_rows = settings.group_size * settings.tasks_per_step
-        chunk = settings.score_rows if 0 < settings.score_rows < n_rows else n_rows
-        self.score_rules = row_rules(self.rules, chunk)  # the scorer's and the info gain's
+        self.score_rules = row_rules(self.rules, settings.rows_scored_at_a_time(n_rows))  # scorer, info gain
         per_micro = (settings.minibatch_size or n_rows) // settings.microbatches
         self.update = make_update(ppo_loss_fn(config, ppo, rules=row_rules(self.rules, per_micro), **self.view), tx,
                                   microbatches=settings.microbatches, agg=ppo.agg, lr_schedule=lr_schedule,
